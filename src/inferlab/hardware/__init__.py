@@ -1,0 +1,1 @@
+"""Devices and machines: the catalog (data with sources), and the local machine (detect, calibrate)."""
