@@ -92,3 +92,10 @@ class Machine:
 
     def with_ram(self, ram: Device) -> "Machine":
         return replace(self, ram=ram)
+
+    @staticmethod
+    def detect(**options) -> "Machine":
+        """The computer this runs on (see inferlab.hardware.detect.detect_machine)."""
+        from .detect import detect_machine
+
+        return detect_machine(**options)
