@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import FileFormatError, NotSupportedError
+from ..errors import ConfigError, FileFormatError, NotSupportedError
 from ..quant.types import ggml_types_by_id
 from .spec import ARCHITECTURES, ModelSpec, TensorInfo
 
@@ -374,12 +374,10 @@ def model_from_gguf(path: str | os.PathLike, *, mmproj: str | os.PathLike | None
     proj = Path(mmproj) if mmproj is not None else _sibling_mmproj(Path(parts[0]))
     if proj is not None:
         extra["mmproj"] = _projector_summary(read_gguf_header(proj))
-    return ModelSpec(
-        **kw,
-        tensors=lm,
-        file_type=LLAMA_FTYPES.get(ftype) if isinstance(ftype, int) else None,
-        extra=extra,
-    )
+    try:
+        return ModelSpec(**kw, tensors=lm, file_type=LLAMA_FTYPES.get(ftype) if isinstance(ftype, int) else None, extra=extra)
+    except ConfigError as exc:
+        raise ConfigError(f"{first.path}: the GGUF metadata describes an impossible model: {exc}") from None
 
 
 def _hparams(arch: str, md: dict[str, Any], tensors: dict[str, TensorInfo], label: str, path: str) -> dict[str, Any]:
