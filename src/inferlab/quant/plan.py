@@ -1,0 +1,194 @@
+"""The per-tensor plan: every tensor of a model with its GGML type and bytes, and the sums of it.
+
+``tensor_plan(model, quant)`` is the one place bytes come from: weight_bytes, effective_bpw and
+layer_bytes (what placement splits across devices) are sums over it. A model from the catalog or a
+config has no file, so its tensors follow from the architecture (models.inventory) and their types
+from llama-quantize's rules (quant.rules). A model read from a GGUF file carries the file's own
+tensor table: ``quant=None`` returns that, naming a quant asks what the same model would be at it.
+
+Plans are cached per (model, quant): ModelSpec, Preset and PureType are frozen and hashable.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+from ..errors import InvalidValueError
+from ..models.inventory import tensor_inventory
+from ..models.spec import ModelSpec
+from .presets import Preset, PureType, resolve_quant
+from .rules import Prepared, layer_of, plan_types, prepare, requires_imatrix
+from .types import ggml_types
+
+
+class PlanEntry(NamedTuple):
+    """One tensor of the planned (or read) file (an immutable record: a sweep makes many thousands)."""
+
+    name: str  # GGUF tensor name, e.g. "blk.3.attn_v.weight"
+    shape: tuple[int, ...]  # GGUF ne[], row length first
+    n_elements: int
+    ggml_type: str  # type name, e.g. "Q6_K"
+    n_bytes: int
+    layer: int | None  # block index, None for token_embd, output, output_norm...
+    is_expert: bool  # a stacked routed-expert tensor (only n_experts_used of n_experts read per token)
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """Bytes per block and of the global tensors, what placement moves between devices."""
+
+    layers: tuple[int, ...]  # bytes of block i (all its tensors)
+    layer_experts: tuple[int, ...]  # of which routed-expert tensors (what --n-cpu-moe keeps in RAM)
+    token_embd: int  # stays in host memory in llama.cpp
+    output: int  # output.weight (0 with tied embeddings)
+    output_head: int  # bytes the output head reads: output.weight, or token_embd when tied
+    other: int  # output_norm, rope_freqs, rope factors...
+
+    @property
+    def total(self) -> int:
+        return sum(self.layers) + self.token_embd + self.output + self.other
+
+
+def tensor_plan(model: ModelSpec, quant: str | Preset | PureType | None = None) -> tuple[PlanEntry, ...]:
+    """Every tensor with its type and bytes.
+
+    quant: a llama-quantize preset ("Q4_K_M", Preset(...)), a GGML type ("Q2_K" means every weight
+    in Q2_K, PureType(...)), or None for a model read from a file (its own tensors).
+    """
+    if quant is None:
+        if model.tensors is None:
+            raise InvalidValueError(
+                f"{model.name!r} has no tensor table (it was not read from a file): name a quant, "
+                "a llama-quantize preset such as 'Q4_K_M' or a GGML type such as 'Q8_0'"
+            )
+        return _file_plan(model)
+    return _plan(model, resolve_quant(quant))
+
+
+def weight_bytes(model: ModelSpec, quant: str | Preset | PureType | None = None) -> dict[str, int]:
+    """Bytes of tensor data by part. "token_embd" + "output" + "layers" + "other" = "total";
+    "experts" (routed-expert tensors) and "norms" (every *_norm tensor) are parts of those."""
+    return dict(_summary(model, quant, "breakdown"))
+
+
+def effective_bpw(model: ModelSpec, quant: str | Preset | PureType | None = None) -> float:
+    """Bits per weight over the whole file: 8 * tensor bytes / weights."""
+    return _summary(model, quant, "bpw")
+
+
+def layer_bytes(model: ModelSpec, quant: str | Preset | PureType | None = None) -> LayerBytes:
+    """Bytes of each block and of the global tensors (for placement)."""
+    return _summary(model, quant, "layers")
+
+
+# --- cached work --------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1024)
+def _inventory(model: ModelSpec) -> tuple[tuple, Prepared, tuple[int, ...]]:
+    tensors = tensor_inventory(model)
+    return tensors, prepare(tensors), tuple(t.n_elements for t in tensors)
+
+
+@lru_cache(maxsize=4096)
+def _plan(model: ModelSpec, quant: Preset | PureType) -> tuple[PlanEntry, ...]:
+    tensors, prep, n_elements = _inventory(model)
+    imatrix = bool(quant.imatrix) if isinstance(quant, Preset) else False
+    types = plan_types(tensors, model, quant, imatrix=imatrix, prepared=prep)
+    if isinstance(quant, Preset) and quant.imatrix is None and quant.name in _MAY_NEED_IMATRIX and requires_imatrix(tensors, types, quant.name):
+        # llama-quantize refuses this preset without an importance matrix: plan the file made with one
+        types = plan_types(tensors, model, quant, imatrix=True, prepared=prep)
+    return tuple(
+        PlanEntry(t.name, t.shape, n, ty, _tensor_bytes(ty, t.shape), t.layer, t.is_expert)
+        for t, ty, n in zip(tensors, types, n_elements)
+    )
+
+
+@lru_cache(maxsize=1 << 15)
+def _tensor_bytes(type_name: str, shape: tuple[int, ...]) -> int:
+    return ggml_types()[type_name].tensor_bytes(shape)
+
+
+# presets whose mix can contain a type llama-quantize refuses to make without an imatrix
+_MAY_NEED_IMATRIX = frozenset({"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"})
+
+_FILE_PLANS: OrderedDict[int, tuple[tuple, tuple[PlanEntry, ...], dict]] = OrderedDict()
+
+
+def _file_plan(model: ModelSpec) -> tuple[PlanEntry, ...]:
+    # keyed by the tensor table's identity (ModelSpec equality ignores tensors); the table is kept
+    # alive in the cache, so its id cannot be reused while the entry exists
+    key = id(model.tensors)
+    hit = _FILE_PLANS.get(key)
+    if hit is not None and hit[0] is model.tensors:
+        return hit[1]
+    plan = tuple(
+        PlanEntry(t.name, tuple(t.shape), t.n_elements, t.ggml_type, t.n_bytes, layer_of(t.name), "_exps" in t.name)
+        for t in model.tensors
+    )
+    _FILE_PLANS[key] = (model.tensors, plan, {})
+    if len(_FILE_PLANS) > 64:
+        _FILE_PLANS.popitem(last=False)
+    return plan
+
+
+_SUMMARIES = {"breakdown": lambda plan, m: _breakdown(plan), "bpw": lambda plan, m: _bpw(plan),
+              "layers": lambda plan, m: _layer_bytes(plan, m.n_layers)}
+
+
+def _summary(model: ModelSpec, quant, what: str):
+    if quant is None:
+        plan = tensor_plan(model, None)
+        cached = _FILE_PLANS[id(model.tensors)][2]  # per-file summaries
+        if what not in cached:
+            cached[what] = _SUMMARIES[what](plan, model)
+        return cached[what]
+    return _cached_summary(model, resolve_quant(quant), what)
+
+
+@lru_cache(maxsize=16384)
+def _cached_summary(model: ModelSpec, quant: Preset | PureType, what: str):
+    return _SUMMARIES[what](_plan(model, quant), model)
+
+
+def _breakdown(plan: tuple[PlanEntry, ...]) -> tuple[tuple[str, int], ...]:
+    parts = {"token_embd": 0, "output": 0, "layers": 0, "other": 0, "experts": 0, "norms": 0}
+    for e in plan:
+        if e.layer is not None:
+            parts["layers"] += e.n_bytes
+        elif e.name == "token_embd.weight":
+            parts["token_embd"] += e.n_bytes
+        elif e.name == "output.weight":
+            parts["output"] += e.n_bytes
+        else:
+            parts["other"] += e.n_bytes
+        if e.is_expert:
+            parts["experts"] += e.n_bytes
+        if e.name.endswith("norm.weight"):
+            parts["norms"] += e.n_bytes
+    parts["total"] = parts["token_embd"] + parts["output"] + parts["layers"] + parts["other"]
+    return tuple(parts.items())
+
+
+def _bpw(plan: tuple[PlanEntry, ...]) -> float:
+    return 8 * sum(e.n_bytes for e in plan) / sum(e.n_elements for e in plan)  # bits over weights
+
+
+def _layer_bytes(plan: tuple[PlanEntry, ...], n_layers: int) -> LayerBytes:
+    layers, experts = [0] * n_layers, [0] * n_layers
+    token_embd = output = other = 0
+    for e in plan:
+        if e.layer is not None and e.layer < n_layers:
+            layers[e.layer] += e.n_bytes
+            if e.is_expert:
+                experts[e.layer] += e.n_bytes
+        elif e.name == "token_embd.weight":
+            token_embd += e.n_bytes
+        elif e.name == "output.weight":
+            output += e.n_bytes
+        else:
+            other += e.n_bytes  # output_norm, rope_freqs, and any block past n_layers (e.g. an MTP block)
+    head = output if output else token_embd  # tied: llama.cpp reads token_embd as the output head
+    return LayerBytes(tuple(layers), tuple(experts), token_embd, output, head, other)

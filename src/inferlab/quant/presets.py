@@ -1,0 +1,224 @@
+"""What a `quant` argument means: a llama-quantize preset (a per-tensor mix) or one bare GGML type.
+
+The same name can mean two different things. llama-quantize's preset ``Q2_K`` is a mix (attn_v in
+Q4_K, ffn_down and attn_output in Q3_K, output in Q6_K: 3.18 GB for Llama 3.1 8B), while the seed's
+``effective_bpw(m, "Q2_K")`` means every weight in the GGML type Q2_K (2.63 bpw, 2.64 GB). So a
+quant is one of two explicit objects:
+
+- ``Preset("Q2_K")``: what ``llama-quantize model.gguf out.gguf Q2_K`` writes (rules.py).
+- ``PureType("Q2_K")``: every weight matrix in that one type (``llama-quantize --pure``): norms and
+  other 1-D tensors F32, the MoE router as converted, and the row-size fallback applied.
+
+``resolve_quant`` turns a string into one of them: a name of a GGML type means PureType (the seed's
+semantics), any other name a preset (or a community variant such as bartowski's ``Q4_K_L``); the
+prefixes ``"preset:"`` and ``"type:"`` force one reading. For F16, BF16, F32, Q8_0 and Q6_K both
+readings give the same plan (the preset keeps output and token_embd in the base type and applies
+no mix), so the seed's rows for those names hold either way; for Q4_0, Q5_0, IQ4_XS... they differ
+(the preset puts the output head in Q6_K), which ``label`` says.
+
+Data: data/quant_presets.json (from llama.cpp's tools/quantize/quantize.cpp and llama.h).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from importlib import resources
+
+from ..errors import InvalidValueError, UnknownNameError
+from .types import ggml_type, ggml_types
+
+# llama.cpp versions whose rules differ in ways that change a file's bytes (see rules.py)
+RULE_VERSIONS = ("master", "2025")
+# presets whose every quantizable tensor gets the base type (output and token_embd included):
+# for these the preset and the bare type of the same name plan the same file
+UNIFORM_PRESETS = frozenset({"F32", "F16", "BF16", "Q8_0", "Q6_K"})
+
+
+@dataclass(frozen=True)
+class PresetInfo:
+    """One llama-quantize preset as data."""
+
+    name: str  # e.g. "Q4_K_M"
+    ftype_id: int  # enum llama_ftype, what general.file_type records
+    base_type: str  # the mix's default GGML type (llama_ftype_get_default_type)
+    help: str  # llama-quantize's help line (sizes in GiB of tensor data for Llama-3-8B)
+    source: str
+
+
+@dataclass(frozen=True)
+class VariantInfo:
+    """A community file name that is a preset plus llama-quantize options (e.g. bartowski's Q4_K_L)."""
+
+    name: str
+    preset: str
+    output_type: str | None
+    token_embd_type: str | None
+    imatrix: bool
+    what: str
+    source: str
+
+
+@cache
+def _data() -> dict:
+    return json.loads(resources.files("inferlab.data").joinpath("quant_presets.json").read_text())
+
+
+@cache
+def presets() -> dict[str, PresetInfo]:
+    """Every llama-quantize preset, by name."""
+    return {
+        p["name"]: PresetInfo(p["name"], p["ftype_id"], p["base_type"], p["llama_quantize_help"], p["source"])
+        for p in _data()["presets"]
+    }
+
+
+@cache
+def preset_aliases() -> dict[str, str]:
+    """llama-quantize's aliases (Q4_K -> Q4_K_M); used only after an explicit "preset:" prefix."""
+    return {a: p["name"] for p in _data()["presets"] for a in p["llama_quantize_aliases"]}
+
+
+@cache
+def variants() -> dict[str, VariantInfo]:
+    return {
+        v["name"]: VariantInfo(v["name"], v["preset"], v["output_type"], v["token_embd_type"], v["imatrix"], v["what"], v["source"])
+        for v in _data()["variants"]
+    }
+
+
+def preset_info(name: str) -> PresetInfo:
+    table = presets()
+    p = table.get(name) or table.get(name.upper())
+    if p is None:
+        raise UnknownNameError("llama-quantize preset", name, table)
+    return p
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A llama-quantize preset: the per-tensor mix llama_tensor_get_type chooses.
+
+    imatrix: whether an importance matrix was used (it changes a few rules: IQ3_XXS, IQ4_NL/XS and
+    Q4_0/Q5_0 ffn_down). None means "only if the preset cannot be made without one" (IQ1/IQ2/IQ3_XXS,
+    IQ3_XS, Q2_K_S), which is what llama-quantize allows.
+    output_type / token_embd_type: --output-tensor-type / --token-embedding-type.
+    rules: "master" (llama.cpp from late 2025 on) or "2025" (before attn_qkv joined the attn_v rules).
+    """
+
+    name: str
+    imatrix: bool | None = None
+    output_type: str | None = None
+    token_embd_type: str | None = None
+    rules: str = "master"
+    display_name: str | None = None  # a variant's own name (bartowski's "Q4_K_L")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", preset_info(self.name).name)
+        for f in ("output_type", "token_embd_type"):
+            v = getattr(self, f)
+            if v is not None:
+                object.__setattr__(self, f, ggml_type(v).name)
+        if self.rules not in RULE_VERSIONS:
+            raise UnknownNameError("llama.cpp rule version", self.rules, RULE_VERSIONS)
+
+    @property
+    def info(self) -> PresetInfo:
+        return preset_info(self.name)
+
+    @property
+    def base_type(self) -> str:
+        return self.info.base_type
+
+    @property
+    def label(self) -> str:
+        extra = []
+        if self.imatrix:
+            extra.append("imatrix")
+        if self.output_type:
+            extra.append(f"output {self.output_type}")
+        if self.token_embd_type:
+            extra.append(f"token_embd {self.token_embd_type}")
+        if self.rules != "master":
+            extra.append(f"{self.rules} rules")
+        shown = self.display_name or self.name
+        kind = f"every weight {self.base_type}" if self.name in UNIFORM_PRESETS and not extra else "a mix"
+        return f"{shown} (llama-quantize preset, {', '.join([kind, *extra])})"
+
+    def __str__(self) -> str:
+        return self.display_name or self.name
+
+
+@dataclass(frozen=True)
+class PureType:
+    """Every weight matrix in one GGML type (llama-quantize --pure): norms and 1-D tensors stay F32,
+    the MoE router stays as converted, and a row length not divisible by the block size falls back
+    as llama.cpp does (Q4_K -> Q5_0, Q6_K -> Q8_0, ...)."""
+
+    type_name: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "type_name", ggml_type(self.type_name).name)
+
+    @property
+    def name(self) -> str:
+        return self.type_name
+
+    @property
+    def base_type(self) -> str:
+        return self.type_name
+
+    @property
+    def label(self) -> str:
+        return f"{self.type_name} (every weight {self.type_name})"
+
+    def __str__(self) -> str:
+        return self.type_name
+
+
+Quant = Preset | PureType
+
+
+def resolve_quant(q: str | Preset | PureType) -> Preset | PureType:
+    """Turn a user's quant into a Preset or a PureType.
+
+    "Q4_K_M" -> Preset; "Q2_K", "Q3_K", "F16" (GGML type names) -> PureType; "preset:Q2_K" -> Preset;
+    "type:Q4_K" -> PureType; "Q4_K_L" (a community variant) -> Preset with its options.
+    """
+    if isinstance(q, (Preset, PureType)):
+        return q
+    if not isinstance(q, str):
+        raise InvalidValueError(f"quant must be a preset or GGML type name (a string), a Preset or a PureType, got {q!r}")
+    return _resolve_str(q.strip())
+
+
+@lru_cache(maxsize=256)
+def _resolve_str(q: str) -> Preset | PureType:
+    low = q.lower()
+    if low.startswith("preset:"):
+        name = q[len("preset:"):].strip()
+        alias = preset_aliases().get(name.upper())
+        if alias:
+            return Preset(alias)
+        v = _variant(name)
+        return v if v is not None else Preset(name)
+    if low.startswith("type:"):
+        return PureType(q[len("type:"):].strip())
+    types = {t.upper(): t for t in ggml_types()}
+    if q.upper() in types:
+        return PureType(types[q.upper()])
+    if q.upper() in presets():
+        return Preset(q.upper())
+    v = _variant(q)
+    if v is not None:
+        return v
+    choices = set(presets()) | set(types.values()) | set(variants())
+    raise UnknownNameError("quant preset or GGML type", q, choices)
+
+
+def _variant(name: str) -> Preset | None:
+    v = variants().get(name) or variants().get(name.upper())
+    if v is None:
+        return None
+    return Preset(v.preset, imatrix=v.imatrix, output_type=v.output_type, token_embd_type=v.token_embd_type, display_name=v.name)

@@ -1,0 +1,368 @@
+"""llama.cpp's per-tensor type choice (``llama_tensor_get_type`` in src/llama-quant.cpp), ported.
+
+Given a model's tensors (GGUF names and ne[] shapes), its hyperparameters and a quant (a
+llama-quantize preset or one pure GGML type), this says which GGML type each tensor gets in the
+file llama-quantize writes. The default follows llama.cpp master (the code read is commit
+0c1e5709, the one llama-cpp-python 0.3.36 vendors, against which tests/quant checks every tensor).
+
+The order of decisions, as in llama.cpp:
+1. A tensor that may not be quantized keeps its source type: fewer than 2 dimensions (norms,
+   biases, rope_freqs), a name not ending in "weight", "*_norm.weight", the MoE router
+   "ffn_gate_inp.weight", and a few architecture-specific small tensors.
+2. --token-embedding-type / --output-tensor-type (Preset.token_embd_type / output_type).
+3. If the preset's base type is not a block-quantized type (F32, F16, BF16), every quantizable
+   tensor gets it; with --pure (PureType) every quantizable tensor gets the base type.
+4. Otherwise the preset's mix (``_mix``): output/tied token_embd, MXFP4_MOE, token_embd, the
+   very-low-bit IQ1/IQ2 rules, attn_v (n_gqa >= 4, use_more_bits, 70B bump, 8 experts), attn_k,
+   attn_q, ffn_down, attn_output, attn_qkv, ffn_gate/ffn_up.
+5. The row-size fallback: when ne[0] is not a multiple of the chosen type's block, a 32-block type
+   (``_fallback``), and F16 when even that does not divide it.
+
+Version differences (``Preset.rules``):
+- "master" (llama.cpp since late 2025): attn_qkv (Phi-3's fused QKV) and attn_kv_b are "attn_v-like"
+  and take the attn_v rules; Q2_K/Q3_K/TQ*_0 fall back to Q4_0.
+- "2025" (before): attn_qkv has its own rule (Q3_K_M/Q3_K_L/IQ3_M -> Q4_K, Q4_K_M -> Q5_K,
+  Q5_K_M -> Q6_K on every layer); Q2_K/Q3_K fall back to IQ4_NL (same 18 bytes per 32 weights as
+  Q4_0, so sizes agree). Published Phi-3.5-mini files made in 2024 follow this.
+- Falcon's own branches are left out: inferlab has no Falcon architecture.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..errors import NotSupportedError
+from ..models.spec import ModelSpec
+from .presets import Preset, PureType
+from .types import ggml_type
+
+# tensor categories (llama-quant.cpp tensor_category)
+TOKEN_EMBD, ATTN_Q, ATTN_V, ATTN_K, ATTN_QKV, ATTN_KV_B, ATTN_OUTPUT = "token_embd", "attn_q", "attn_v", "attn_k", "attn_qkv", "attn_kv_b", "attn_output"
+FFN_UP, FFN_GATE, FFN_DOWN, OUTPUT, OTHER = "ffn_up", "ffn_gate", "ffn_down", "output", "other"
+
+_VERY_LOW_BIT = frozenset({"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"})
+_OUTPUT_Q5K = frozenset({"IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"})
+_ATTN_OUT_MOE8_Q5K = frozenset({"Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ3_S", "IQ3_M", "IQ4_XS"})
+# types that cannot be made without an importance matrix (tensor_requires_imatrix)
+IMATRIX_TYPES = frozenset({"IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S"})
+# substrings of names llama.cpp never quantizes (tensor_allows_quantization), beyond norms and 1-D
+_NEVER_QUANTIZED = (
+    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
+    "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight", "attn_rel_b.weight",
+    ".position_embd", "sam.pos_embd", "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger",
+    "a.rvq.codebook", "mm.a.code_embd",
+    "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight", "time_mix_v0.weight",
+    "time_mix_v1.weight", "time_mix_v2.weight", "time_mix_a0.weight", "time_mix_a1.weight", "time_mix_a2.weight",
+    "time_mix_g1.weight", "time_mix_g2.weight", "time_mix_decay_w1.weight", "time_mix_decay_w2.weight",
+    "time_mix_lerp_fused.weight",
+)
+_NEVER_QUANTIZED_EXACT = frozenset({"position_embd.weight", "token_types.weight"})
+_BLK = re.compile(r"blk\.(\d+)\.")
+
+
+@lru_cache(maxsize=1 << 16)
+def category(name: str) -> str:
+    """llama-quant.cpp tensor_get_category: the broad role of a tensor, by substring of its name."""
+    if name == "output.weight":
+        return OUTPUT
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):
+        return TOKEN_EMBD
+    for key, cat in (("attn_qkv.weight", ATTN_QKV), ("attn_kv_b.weight", ATTN_KV_B), ("attn_v.weight", ATTN_V),
+                     ("attn_k.weight", ATTN_K), ("attn_q.weight", ATTN_Q), ("attn_output.weight", ATTN_OUTPUT),
+                     ("ffn_up", FFN_UP), ("ffn_gate", FFN_GATE), ("ffn_down", FFN_DOWN)):
+        if key in name:
+            return cat
+    return OTHER
+
+
+def n_dims(shape: Sequence[int]) -> int:
+    """ggml_n_dims: trailing dimensions of size 1 do not count."""
+    n = len(shape)
+    while n > 1 and shape[n - 1] == 1:
+        n -= 1
+    return n
+
+
+def allows_quantization(name: str, shape: Sequence[int], *, quantize_output: bool = True) -> bool:
+    """llama-quant.cpp tensor_allows_quantization (for the architectures inferlab lays out)."""
+    if n_dims(shape) < 2:
+        return False
+    if not quantize_output and name == "output.weight":
+        return False
+    return _name_allows_quantization(name)
+
+
+@lru_cache(maxsize=1 << 16)
+def _name_allows_quantization(name: str) -> bool:
+    if not name.endswith("weight") or name in _NEVER_QUANTIZED_EXACT:
+        return False
+    return not any(s in name for s in _NEVER_QUANTIZED)
+
+
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """The first eighth, the last eighth and every third layer in between get more bits."""
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+def layer_of(name: str) -> int | None:
+    m = _BLK.match(name)
+    return int(m.group(1)) if m else None
+
+
+def is_70b_class(spec: ModelSpec) -> bool:
+    """llama.cpp's LLM_TYPE_70B for the architectures we lay out (src/models/llama.cpp, qwen2.cpp)."""
+    if spec.n_layers != 80:
+        return False
+    if spec.arch == "llama":
+        return spec.n_experts != 8 and spec.n_heads != spec.n_kv_heads
+    return spec.arch == "qwen2"
+
+
+@lru_cache(maxsize=4096)
+def fallback(target: str, ncols: int, *, rules: str = "master") -> str:
+    """tensor_type_fallback: a type whose block divides the row length ncols (ne[0])."""
+    block = ggml_type(target).block_size
+    if ncols % block == 0:
+        return target
+    if target in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS"):
+        new = "IQ4_NL"
+    elif target in ("Q2_K", "Q3_K"):
+        new = "Q4_0" if rules == "master" else "IQ4_NL"
+    elif target in ("TQ1_0", "TQ2_0"):
+        new = "Q4_0"
+    elif target == "Q4_K":
+        new = "Q5_0"
+    elif target == "Q5_K":
+        new = "Q5_1"
+    elif target == "Q6_K":
+        new = "Q8_0"
+    elif block <= 32:
+        new = target  # already a 32-block type: only F16 is left
+    else:
+        raise NotSupportedError(f"llama.cpp defines no fallback type for {target} (row length {ncols} is not a multiple of {block})")
+    return new if ncols % ggml_type(new).block_size == 0 else "F16"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What does not depend on the quant: categories, quantizability and llama-quantize's visiting order."""
+
+    cats: tuple[str, ...]
+    allowed: tuple[bool, ...]
+    order: tuple[int, ...]  # indices sorted by (block index, name), as llama_model_loader's weights_map
+
+
+def prepare(tensors: Sequence) -> Prepared:
+    cats = tuple(category(t.name) for t in tensors)
+    allowed = tuple(allows_quantization(t.name, t.shape) for t in tensors)
+    order = tuple(sorted(range(len(tensors)), key=lambda i: (_sort_layer(tensors[i].name), tensors[i].name)))
+    return Prepared(cats, allowed, order)
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """What llama-quantize counts over the whole model before choosing types."""
+
+    n_attention_wv: int  # attn_v-like tensors
+    tied: bool  # no output.weight: token_embd doubles as the output head
+
+
+def plan_types(tensors: Sequence, spec: ModelSpec, quant: Preset | PureType, *, imatrix: bool = False,
+               source_type: str = "F32", prepared: Prepared | None = None) -> list[str]:
+    """The GGML type of each tensor (objects with .name and .shape), in the order given.
+
+    llama-quantize visits tensors sorted by (block index, name) and some rules count the tensors
+    already seen (Q3_K_M's "first two attn_v", dense ffn_down layers); this does the same.
+    source_type: the type of tensors that are not quantized (converters write those in F32).
+    prepared: prepare(tensors), when the caller keeps it.
+    """
+    rules = quant.rules if isinstance(quant, Preset) else "master"
+    v_like = (ATTN_V, ATTN_QKV, ATTN_KV_B) if rules == "master" else (ATTN_V,)
+    prep = prepared or prepare(tensors)
+    cats = prep.cats
+    counts = _Counts(
+        n_attention_wv=sum(c in (ATTN_V, ATTN_QKV, ATTN_KV_B) for c in cats),
+        tied=not any(c == OUTPUT for c in cats),
+    )
+    seen = {ATTN_V: 0, FFN_DOWN: 0, FFN_GATE: 0, FFN_UP: 0}  # running counters (qs.i_*)
+    base = quant.base_type
+    quantized_base = ggml_type(base).block_size > 1
+    out: list[str] = [""] * len(tensors)
+    for i in prep.order:
+        t, cat = tensors[i], cats[i]
+        name, shape = t.name, tuple(t.shape)
+        if not prep.allowed[i]:
+            out[i] = source_type
+            continue
+        if isinstance(quant, Preset):
+            if quant.token_embd_type and cat == TOKEN_EMBD:
+                out[i] = quant.token_embd_type
+                continue
+            if quant.output_type and cat == OUTPUT:
+                out[i] = quant.output_type
+                continue
+        if not quantized_base:
+            out[i] = base
+            continue
+        new = base
+        if isinstance(quant, Preset):
+            key = ATTN_V if cat in v_like else cat
+            index = seen.get(key, 0)
+            new = _mix(quant.name, base, name, shape, cat, cat in v_like, index, spec, counts, quant, imatrix)
+            if key in seen:
+                seen[key] += 1
+        out[i] = fallback(new, shape[0], rules=rules)
+    return out
+
+
+def requires_imatrix(tensors: Sequence, types: Sequence[str], preset_name: str) -> bool:
+    """tensor_requires_imatrix over a plan: llama-quantize refuses these without --imatrix."""
+    for t, ty in zip(tensors, types):
+        if category(t.name) in (TOKEN_EMBD, OUTPUT) or not allows_quantization(t.name, t.shape):
+            continue
+        if ty in IMATRIX_TYPES or (ty == "Q2_K" and preset_name == "Q2_K_S"):
+            return True
+    return False
+
+
+@lru_cache(maxsize=1 << 16)
+def _sort_layer(name: str) -> int:
+    m = _BLK.match(name)
+    return int(m.group(1)) if m else -1
+
+
+def _mix(ftype: str, new: str, name: str, shape: tuple[int, ...], cat: str, attn_v_like: bool, index: int,
+         spec: ModelSpec, counts: _Counts, quant: Preset, imatrix: bool) -> str:
+    """llama_tensor_get_type_impl for one tensor. ftype: the preset name; new: its base type;
+    index: how many tensors of this category llama-quantize has typed before this one."""
+    n_expert = max(1, spec.n_experts)
+    n_gqa = spec.n_heads // spec.n_kv_heads
+    n_layer = spec.n_layers
+
+    def layer_info() -> int:
+        # MoE models: the block index from the name; dense: the running count (equal for our models)
+        return layer_of(name) if n_expert > 1 else index
+
+    if cat == OUTPUT or (counts.tied and cat == TOKEN_EMBD):
+        if ftype == "MXFP4_MOE":
+            return "Q8_0"
+        if shape[0] % ggml_type(new).block_size != 0:
+            return "Q8_0"
+        if ftype in _OUTPUT_Q5K:
+            return "Q5_K"
+        return new if new == "Q8_0" else "Q6_K"
+    if ftype == "MXFP4_MOE":
+        # routed-expert tensors (3-D) in MXFP4, everything else Q8_0
+        return "MXFP4" if len(shape) > 2 and shape[2] > 1 else "Q8_0"
+    if cat == TOKEN_EMBD:
+        if ftype in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
+            return "Q2_K"
+        if ftype in ("IQ2_S", "IQ2_M", "IQ3_XXS"):
+            return "IQ3_S"
+        if ftype in ("TQ1_0", "TQ2_0"):
+            return "Q4_K"
+        return new
+    if ftype in _VERY_LOW_BIT:
+        if attn_v_like:
+            if n_gqa >= 4 or spec.n_experts >= 4:
+                return "Q4_K"
+            return "IQ3_S" if ftype in ("IQ2_S", "IQ2_M") else "Q2_K"
+        if spec.n_experts == 8 and cat == ATTN_K:
+            return "Q4_K"
+        if cat == FFN_DOWN:
+            # the running count over ffn_down tensors, whatever the model (n_ffn_down = n_layer)
+            if index < n_layer // 8:
+                return "IQ3_S" if ftype in ("IQ2_S", "IQ2_M") else "Q2_K"
+            return new
+        if cat == ATTN_OUTPUT:
+            if spec.n_experts == 8:
+                return "Q5_K"
+            if ftype in ("IQ1_S", "IQ1_M"):
+                return "IQ2_XXS"
+            if ftype in ("IQ2_S", "IQ2_M"):
+                return "IQ3_S"
+        return new
+    if attn_v_like:
+        if ftype == "Q2_K":
+            new = "Q4_K" if n_gqa >= 4 else "Q3_K"
+        elif ftype == "Q2_K_S" and n_gqa >= 4:
+            new = "Q4_K"
+        elif ftype == "IQ3_XXS":
+            new = "Q4_K" if n_gqa >= 4 else ("IQ3_XXS" if imatrix else "IQ3_S")
+        elif ftype in ("IQ3_XS", "IQ3_S") and n_gqa >= 4:
+            new = "Q4_K"
+        elif ftype == "IQ3_M":
+            new = "Q4_K"
+        elif ftype == "Q3_K_M":
+            new = "Q5_K" if index < 2 else "Q4_K"
+        elif ftype == "Q3_K_L":
+            new = "Q5_K"
+        elif ftype in ("IQ4_NL", "IQ4_XS") and n_gqa >= 4:
+            new = "Q5_K"
+        elif ftype in ("Q4_K_M", "Q5_K_M") and use_more_bits(index, counts.n_attention_wv):
+            new = "Q6_K"
+        elif ftype == "Q4_K_S" and index < 4:
+            new = "Q5_K"
+        if is_70b_class(spec) and new in ("Q3_K", "Q4_K"):
+            # 70B: attn_v is 8x smaller than attn_q (8 query heads per KV head), so more bits cost little
+            new = "Q5_K"
+        if spec.n_experts == 8:
+            new = "Q8_0"  # 8-expert models: "bumping this to Q8_0 trades just ~128MB"
+        return new
+    if cat == ATTN_K:
+        if spec.n_experts == 8:
+            return "Q8_0"
+        if ftype == "IQ3_XS":
+            return "IQ3_XXS"
+        if ftype == "IQ3_XXS":
+            return "IQ2_S"
+        return new
+    if cat == ATTN_Q:
+        if ftype == "IQ3_XS":
+            return "IQ3_XXS"
+        if ftype == "IQ3_XXS":
+            return "IQ2_S"
+        return new
+    if cat == FFN_DOWN:
+        i = layer_info()
+        if ftype == "Q2_K":
+            return "Q3_K"
+        if ftype == "Q2_K_S":
+            return "Q4_K" if i < n_layer // 8 else new
+        if ftype == "IQ3_XXS" and not imatrix:
+            return "Q4_K" if i < n_layer // 8 else "Q3_K"
+        if ftype == "Q3_K_M":
+            return "Q5_K" if i < n_layer // 16 else "Q4_K"
+        if ftype == "IQ3_M" and (i < n_layer // 8 or (spec.n_experts == 8 and use_more_bits(i, n_layer))):
+            return "Q4_K"
+        if ftype == "Q3_K_L":
+            return "Q5_K"
+        if ftype == "Q4_K_M":
+            return "Q6_K" if use_more_bits(i, n_layer) else new
+        if i < n_layer // 8 and ftype in ("IQ4_NL", "IQ4_XS") and not imatrix:
+            return "Q5_K"
+        if ftype == "Q5_K_M" and use_more_bits(i, n_layer):
+            return "Q6_K"
+        if ftype == "Q4_K_S" and i < n_layer // 8:
+            return "Q5_K"
+        if ftype in ("Q4_0", "Q5_0") and imatrix and i < n_layer // 8:
+            # "guard against craziness in the first few ffn_down layers", only with an imatrix
+            return "Q4_1" if ftype == "Q4_0" else "Q5_1"
+        return new
+    if cat == ATTN_OUTPUT:
+        if spec.n_experts == 8:
+            return "Q5_K" if ftype in _ATTN_OUT_MOE8_Q5K else new
+        return {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}.get(ftype, new)
+    if cat == ATTN_QKV:  # reached only with the "2025" rules
+        if ftype in ("Q3_K_M", "Q3_K_L", "IQ3_M"):
+            return "Q4_K"
+        return {"Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(ftype, new)
+    if cat in (FFN_GATE, FFN_UP):
+        i = layer_info()
+        if ftype == "IQ3_XS" and n_layer // 8 <= i < 7 * n_layer // 8:
+            return "IQ3_XXS"
+        return new
+    return new
