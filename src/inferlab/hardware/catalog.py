@@ -13,9 +13,10 @@ from ..models.catalog import Catalog
 from .device import Device, Machine
 
 
-def _device(e: dict, backend: str | None = None) -> Device:
+def _device(e: dict, backend: str | None = None, lesson: bool = False) -> Device:
+    fp16 = e.get("lesson", {}).get("fp16_tflops", e["fp16_tflops"]) if lesson else e["fp16_tflops"]
     return Device(
-        e["name"], e["memory_gb"], e["bandwidth_gbs"], e["fp16_tflops"], backend=backend or e["backend"],
+        e["name"], e["memory_gb"], e["bandwidth_gbs"], fp16, backend=backend or e["backend"],
         source=e["source"], n_cores=e.get("n_cores"), fp32_tflops=e.get("fp32_tflops"), vendor=e.get("vendor", ""),
         notes=e.get("fp16_note", ""),
     )
@@ -43,16 +44,19 @@ def apple_host(gpu: Device) -> Device:
 
 
 @cache
-def load_machines() -> Catalog:
+def load_machines(lesson: bool = False) -> Catalog:
+    """All catalog machines. lesson=True applies the seed lesson's own approximations where it
+    used figures other than the vendor's (entries with a "lesson" block in devices.json)."""
     hosts = load_hosts()
     ddr5 = hosts["ddr5-dual"]
     machines: dict[str, Machine] = {}
     for e in _data()["devices"]:
-        gpu = _device(e)
+        gpu = _device(e, lesson=lesson)
+        pcie = e.get("lesson", {}).get("pcie_gbs", e.get("pcie_gbs")) if lesson else e.get("pcie_gbs")
         if gpu.backend == "metal":
             machines[e["id"]] = Machine(gpu.name, gpu, apple_host(gpu), 0.0, unified=True, source=e["source"])
         else:
-            machines[e["id"]] = Machine(f"{gpu.name} + {ddr5.name}", gpu, ddr5, e["pcie_gbs"], source=e["source"])
+            machines[e["id"]] = Machine(f"{gpu.name} + {ddr5.name}", gpu, ddr5, pcie, source=e["source"])
     machines["cpu-ddr5"] = Machine(f"CPU only, {ddr5.name}", None, ddr5, 0.0, source=ddr5.source)
     machines["cpu-ddr4"] = Machine(f"CPU only, {hosts['ddr4-dual'].name}", None, hosts["ddr4-dual"], 0.0, source=hosts["ddr4-dual"].source)
     machines["cpu-epyc"] = Machine(f"CPU only, {hosts['epyc-ddr5-12ch'].name}", None, hosts["epyc-ddr5-12ch"], 0.0, source=hosts["epyc-ddr5-12ch"].source)
@@ -65,5 +69,6 @@ def load_machines() -> Catalog:
 DEVICES = load_devices()
 HOSTS = load_hosts()
 MACHINES = load_machines()
+LESSON_MACHINES = load_machines(lesson=True)
 DDR5_DUAL = HOSTS["ddr5-dual"]
 DDR4_DUAL = HOSTS["ddr4-dual"]

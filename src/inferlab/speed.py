@@ -1,0 +1,178 @@
+"""How fast: decode and prefill time from a placement, on the roofline.
+
+Decode reads, per step, every weight it touches plus the cached K/V of every sequence, from the
+device that holds them; each device's time is the larger of bytes / (η·β) and FLOPs / (ε·P)
+(the roofline), and devices run one after another (layer split). Prefill pushes the prompt
+through in micro-batches: compute-bound, with a CPU-resident layer's weights copied over PCIe
+to the GPU for large batches (llama.cpp's op offload).
+
+Two parameter sets: ``LESSON`` is the seed lesson's model exactly (η = 0.7 everywhere, 50 % of
+peak compute for prefill, the CPU's assumed throughput); ``CALIBRATED`` is fitted on published
+llama-bench results (see calibration.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .errors import InvalidValueError, check_positive
+from .hardware.device import Device, Machine
+from .placement import DeviceUse, Placement
+
+OP_OFFLOAD_MIN_BATCH = 32  # llama.cpp CUDA: CPU-layer matmuls move to the GPU from this batch size
+
+
+@dataclass(frozen=True)
+class SpeedModel:
+    name: str
+    decode_bw_eff: float = 0.7  # η: fraction of peak bandwidth decode kernels reach
+    decode_bw_eff_by_backend: dict = field(default_factory=dict)  # backend -> η (overrides)
+    prefill_compute_eff: float = 0.5  # fraction of peak FP16 throughput prefill reaches
+    prefill_compute_eff_by_backend: dict = field(default_factory=dict)
+    decode_compute_eff: float = 0.5  # for batched decode on the compute roof
+    layer_overhead_s: dict = field(default_factory=dict)  # backend -> fixed seconds per block per step (launches, syncs)
+    cpu_decode_rate: object = None  # callable(device, ggml bytes) -> bytes/s limit of dequantize+dot on CPU cores, or None
+    op_offload_transfers_per_ubatch: bool = False  # lesson: CPU weights cross PCIe once per prompt
+    n_ubatch: int = 512
+    attention_flops: bool = True  # count QK^T and AV FLOPs in prefill
+    pcie_eff: float = 0.7  # fraction of the PCIe link's bandwidth weight copies reach
+
+    def eta(self, dev: Device) -> float:
+        return self.decode_bw_eff_by_backend.get(dev.backend, self.decode_bw_eff)
+
+    def eps(self, dev: Device) -> float:
+        return self.prefill_compute_eff_by_backend.get(dev.backend, self.prefill_compute_eff)
+
+
+# The lesson: η = 0.7 for every memory and the PCIe link, 50 % of peak FP16 for prefill, weight
+# FLOPs only (2 per weight, token_embd excluded: it is a lookup), CPU weights cross PCIe once.
+LESSON = SpeedModel("lesson", attention_flops=False)
+
+
+def _hw(placement: Placement, machine: Machine) -> list[Device]:
+    return [machine.ram, *machine.gpus]
+
+
+def _check_ctx(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise InvalidValueError(f"{name} must be an integer >= 0 tokens, got {v!r}")
+
+
+def expert_read_fraction(n_experts: int, n_used: int, batch: int) -> float:
+    """Expected share of a layer's experts a batch touches, with routing spread uniformly:
+    1 - (1 - k/n)^B (one token: k/n)."""
+    if not n_experts:
+        return 0.0
+    return 1.0 - (1.0 - n_used / n_experts) ** batch
+
+
+def _kv_read(d: DeviceUse, context: int, window: int | None) -> float:
+    return d.kv_full_bytes_per_token * context + d.kv_swa_bytes_per_token * min(context, window or context)
+
+
+def decode_step_time(placement: Placement, machine: Machine, context: int, batch: int = 1, model: SpeedModel = LESSON) -> dict:
+    """Seconds for one decode step of `batch` sequences at `context` cached tokens each.
+
+    Returns total_s, tok_per_s (tokens generated per second, all sequences), gpu_s, cpu_s,
+    per_device (seconds and bytes), bound ("memory" or "compute" for the slowest device) and
+    bottleneck (a sentence).
+    """
+    _check_ctx("context", context)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InvalidValueError(f"batch must be an integer >= 1, got {batch!r}")
+    spec = placement.model
+    frac = expert_read_fraction(spec.n_experts, spec.n_experts_used, batch)
+    per = []
+    for d, hw in zip(placement.devices, _hw(placement, machine)):
+        weights = d.dense_read_bytes + d.expert_bytes * frac  # weights read once for the whole batch
+        kv = batch * _kv_read(d, context, spec.sliding_window)  # every sequence reads its own cache
+        bytes_ = weights + kv
+        bw = hw.bandwidth_bytes_per_s * model.eta(hw)
+        if hw.is_cpu and model.cpu_decode_rate is not None and weights:
+            bw = min(bw, model.cpu_decode_rate(hw, placement))
+        mem_s = bytes_ / bw
+        flops = batch * (d.flops_per_token + d.attn_flops_per_token_ctx * context)
+        comp_s = flops / (hw.fp16_flops * model.decode_compute_eff)
+        over = model.layer_overhead_s.get(hw.backend, 0.0) * d.n_blocks
+        t = max(mem_s, comp_s) + over if (bytes_ or flops) else 0.0
+        per.append({"device": d.name, "kind": d.kind, "s": t, "bytes": bytes_, "weights_bytes": weights, "kv_bytes": kv,
+                    "memory_s": mem_s, "compute_s": comp_s, "overhead_s": over, "bound": "compute" if comp_s > mem_s else "memory"})
+    total = sum(p["s"] for p in per)
+    cpu_s = per[0]["s"]
+    gpu_s = total - cpu_s
+    slow = max(per, key=lambda p: p["s"])
+    if cpu_s > 0.5 * total and placement.gpus:
+        why = f"partial offload: {cpu_s / total:.0%} of each step is spent on the CPU's layers in system RAM"
+    elif slow["bound"] == "compute":
+        why = f"compute-bound on {slow['device']} (batch {batch} is past the ridge point)"
+    else:
+        why = f"memory-bandwidth-bound on {slow['device']}: {slow['bytes'] / 1e9:.2f} GB read per step"
+    return {"total_s": total, "tok_per_s": batch / total if total else math.inf, "gpu_s": gpu_s, "cpu_s": cpu_s,
+            "batch": batch, "context": context, "per_device": per, "bound": slow["bound"], "bottleneck": why}
+
+
+def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: SpeedModel = LESSON, context: int = 0) -> dict:
+    """Seconds to process a prompt of n_tokens (after `context` cached tokens).
+
+    GPU layers compute at ε·P of their GPU. CPU layers compute on the CPU, unless op offload
+    applies (a GPU is present and the micro-batch has >= 32 tokens): then their matmuls run on
+    the GPU and their weights cross PCIe (once per prompt in the lesson, once per micro-batch in
+    llama.cpp, which `op_offload_transfers_per_ubatch` selects).
+    """
+    check_positive("n_tokens", n_tokens)
+    _check_ctx("context", context)
+    spec = placement.model
+    hw = _hw(placement, machine)
+    gpu_hw = hw[1] if len(hw) > 1 else None
+    n_ub = math.ceil(n_tokens / model.n_ubatch)
+    ub = min(n_tokens, model.n_ubatch)
+    avg_ctx = context + n_tokens / 2 if model.attention_flops else 0  # mean cached tokens a prompt token attends to
+    per = []
+    pcie_s = 0.0
+    for d, h in zip(placement.devices, hw):
+        flops = n_tokens * (d.flops_per_token + d.attn_flops_per_token_ctx * avg_ctx)
+        if not flops:
+            per.append({"device": d.name, "s": 0.0, "compute_s": 0.0, "transfer_s": 0.0, "where": h.name})
+            continue
+        runs_on = h
+        transfer = 0.0
+        if h.is_cpu and gpu_hw is not None and ub >= OP_OFFLOAD_MIN_BATCH and not machine.unified:
+            runs_on = gpu_hw  # op offload: the CPU layers' matmuls run on the GPU
+            moved = d.dense_read_bytes + d.expert_bytes
+            transfer = moved * (n_ub if model.op_offload_transfers_per_ubatch else 1) / (machine.pcie_gbs * 1e9 * model.pcie_eff)
+        comp = flops / (runs_on.fp16_flops * model.eps(runs_on))
+        over = model.layer_overhead_s.get(runs_on.backend, 0.0) * d.n_blocks * n_ub
+        per.append({"device": d.name, "s": comp + transfer + over, "compute_s": comp, "transfer_s": transfer, "where": runs_on.name})
+        pcie_s += transfer
+    total = sum(p["s"] for p in per)
+    return {"total_s": total, "tok_per_s": n_tokens / total, "n_tokens": n_tokens, "pcie_s": pcie_s,
+            "cpu_s": per[0]["s"], "gpu_s": total - per[0]["s"], "per_device": per}
+
+
+def ridge_batch(device: Device, bits_per_weight: float) -> float:
+    """Batch at which a weight matmul turns compute-bound: 16·B/bpw = P/β (FLOP per byte)."""
+    check_positive("bits_per_weight", bits_per_weight)
+    ridge_intensity = device.fp16_flops / device.bandwidth_bytes_per_s  # FLOP/byte where the roofs meet
+    return ridge_intensity * bits_per_weight / 16  # 2B FLOP per weight over bpw/8 bytes per weight
+
+
+def arithmetic_intensity(batch: int, bits_per_weight: float) -> float:
+    """FLOP per byte of a weight matmul over `batch` tokens: 2B / (bpw/8)."""
+    return 2 * batch / (bits_per_weight / 8)
+
+
+def roofline_point(device: Device, batch: int, bits_per_weight: float, eta: float = 1.0) -> dict:
+    """Attainable throughput of a weight matmul at a batch: min(P, I·β)."""
+    i = arithmetic_intensity(batch, bits_per_weight)
+    mem_roof = i * device.bandwidth_bytes_per_s * eta
+    attained = min(device.fp16_flops, mem_roof)
+    return {"batch": batch, "intensity_flop_per_byte": i, "attained_tflops": attained / 1e12,
+            "peak_tflops": device.fp16_tflops, "ridge_intensity": device.fp16_flops / device.bandwidth_bytes_per_s,
+            "bound": "compute" if mem_roof >= device.fp16_flops else "memory", "utilization": attained / device.fp16_flops}
+
+
+def throughput(placement: Placement, machine: Machine, batch: int, context: int, model: SpeedModel = LESSON) -> dict:
+    """Aggregate decode tokens/s of `batch` concurrent sequences (the roofline in practice)."""
+    d = decode_step_time(placement, machine, context, batch, model)
+    return {"batch": batch, "tok_per_s": d["tok_per_s"], "per_sequence_tok_per_s": d["tok_per_s"] / batch, "step_s": d["total_s"], "bound": d["bound"]}
