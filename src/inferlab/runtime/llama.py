@@ -1,0 +1,277 @@
+"""A llama-family decoder (llama, mistral, qwen2) in plain torch, written for decode speed:
+fused QKV and gate/up matrices, a precomputed RoPE table, preallocated KV caches, no autograd.
+
+    x = embed(tokens)
+    per layer:  h = x + Wo · attn(rope(Wq·rmsnorm(x)), rope(Wk·rmsnorm(x)), Wv·rmsnorm(x))
+                x = h + Wdown · (silu(Wgate·rmsnorm(h)) * Wup·rmsnorm(h))
+    logits = Wout · rmsnorm(x)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import InvalidValueError, UnknownNameError
+from .gguf_weights import LlamaConfig, load_state, open_gguf, read_config
+from .kv_cache import CacheSpec, KVCache, make_cache
+
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8")
+
+
+@dataclass
+class _Layer:
+    attn_norm: object
+    wqkv: object  # (q_dim + 2 * kv_dim, d_model)
+    bqkv: object | None
+    wo: object
+    ffn_norm: object
+    w_gate_up: object  # (2 * ffn_dim, d_model)
+    w_down: object
+
+
+class Int8Linear:
+    """Weight-only int8: per-output-row absmax scales, torch's CPU int8 x fp32 matmul kernel
+    (aten._weight_int8pack_mm). Reads a quarter of the fp32 bytes."""
+
+    def __init__(self, weight):
+        import torch
+
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        self.q = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+        self.scale = scale.float().contiguous()
+        self.shape = tuple(weight.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.scale.nbytes
+
+    def __call__(self, x):
+        import torch
+
+        flat = x.reshape(-1, x.shape[-1]).float()
+        out = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale)
+        return out.reshape(*x.shape[:-1], self.shape[0])
+
+
+def _linear(x, w_t):
+    # weights are kept transposed, (in, out): on CPUs x @ W^T with W^T contiguous streams the
+    # matrix at full memory bandwidth, while F.linear's (out, in) layout reaches about half
+    return w_t(x) if isinstance(w_t, Int8Linear) else x @ w_t
+
+
+def _nbytes(w) -> int:
+    return w.nbytes if w is not None else 0
+
+
+class LlamaModel:
+    """Weights and forward of a llama-family GGUF. Build with `LlamaModel.from_gguf(path)`."""
+
+    def __init__(self, config: LlamaConfig, state: dict, *, device="cpu", dtype="float32", n_ctx: int | None = None, path: str = ""):
+        import torch
+
+        if dtype not in WEIGHT_DTYPES:
+            raise UnknownNameError("weight dtype", dtype, WEIGHT_DTYPES)
+        self.config, self.path, self.weight_dtype_name = config, path, dtype
+        self.device = torch.device(device)
+        self.dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)  # activation dtype
+        self.n_ctx = n_ctx or config.n_ctx_train
+        if self.n_ctx > config.n_ctx_train:
+            raise InvalidValueError(
+                f"context {self.n_ctx} exceeds the model's trained context of {config.n_ctx_train} tokens"
+            )
+        dev, act = self.device, self.dtype
+
+        def matrix(w):  # (out, in) from the file -> what _linear multiplies by
+            return Int8Linear(w.to(dev, torch.float32)) if dtype == "int8" else w.to(device=dev, dtype=act).T.contiguous()
+
+        def weight(name):
+            return matrix(state[name])
+
+        self.output_norm = state["output_norm.weight"].to(dev, torch.float32)
+        self.lm_head = matrix(state["token_embd.weight" if config.tied_embeddings else "output.weight"])
+        if config.tied_embeddings and dtype != "int8":
+            self.tok_embd = self.lm_head.T  # a view of the transposed head: one copy in memory
+        else:
+            self.tok_embd = state["token_embd.weight"].to(device=dev, dtype=act)
+        self.layers: list[_Layer] = []
+        for i in range(config.n_layers):
+            p = f"blk.{i}."
+            wqkv = torch.cat([state[p + "attn_q.weight"], state[p + "attn_k.weight"], state[p + "attn_v.weight"]])
+            bqkv = None
+            if config.attention_bias:
+                bqkv = torch.cat([state[p + "attn_q.bias"], state[p + "attn_k.bias"], state[p + "attn_v.bias"]]).to(dev, act)
+            w_gate_up = torch.cat([state[p + "ffn_gate.weight"], state[p + "ffn_up.weight"]])
+            self.layers.append(
+                _Layer(
+                    attn_norm=state[p + "attn_norm.weight"].to(dev, torch.float32),
+                    wqkv=matrix(wqkv),
+                    bqkv=bqkv,
+                    wo=weight(p + "attn_output.weight"),
+                    ffn_norm=state[p + "ffn_norm.weight"].to(dev, torch.float32),
+                    w_gate_up=matrix(w_gate_up),
+                    w_down=weight(p + "ffn_down.weight"),
+                )
+            )
+        self._embedding_is_head = config.tied_embeddings and dtype != "int8"
+        self._rope_cos, self._rope_sin = self._rope_table(self.n_ctx)
+
+    # ── construction ──────────────────────────────────────────────────────────────────────────
+    @classmethod
+    def from_gguf(cls, path, *, device="cpu", dtype="float32", n_ctx: int | None = None) -> "LlamaModel":
+        import torch
+
+        reader = open_gguf(path)
+        config = read_config(reader, os.fspath(path))
+        state = load_state(reader, config, torch.float32)
+        return cls(config, state, device=device, dtype=dtype, n_ctx=n_ctx, path=os.fspath(path))
+
+    def _rope_table(self, n_positions: int):
+        import torch
+
+        c = self.config
+        half = c.head_dim // 2
+        # theta_i = base^(-2i/d); linear scaling divides positions by the factor
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, half, dtype=torch.float64) * 2 / c.head_dim))
+        pos = torch.arange(n_positions, dtype=torch.float64) / c.rope_scale
+        angles = torch.outer(pos, inv_freq)  # (positions, half)
+        return angles.cos().float().to(self.device), angles.sin().float().to(self.device)
+
+    # ── sizes ─────────────────────────────────────────────────────────────────────────────────
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight tensor as held in memory (a tied LM head counted once)."""
+        total = _nbytes(self.lm_head) + self.output_norm.nbytes
+        if not self._embedding_is_head:
+            total += self.tok_embd.nbytes
+        for layer in self.layers:
+            total += sum(_nbytes(w) for w in (layer.attn_norm, layer.wqkv, layer.bqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down))
+        return total
+
+    @property
+    def decode_weight_bytes(self) -> int:
+        """Weight bytes one decode step streams: all matrices and norms, plus one embedding row."""
+        row = self.tok_embd.shape[1] * self.tok_embd.element_size()
+        layers = sum(
+            _nbytes(w) for l in self.layers for w in (l.attn_norm, l.wqkv, l.bqkv, l.wo, l.ffn_norm, l.w_gate_up, l.w_down)
+        )
+        return layers + self.output_norm.nbytes + _nbytes(self.lm_head) + row
+
+    def new_cache(self, spec: CacheSpec | str = "contiguous", batch: int = 1, capacity: int | None = None) -> KVCache:
+        spec = CacheSpec.parse(spec) if isinstance(spec, str) else spec
+        capacity = capacity or self.n_ctx
+        if capacity > self.n_ctx:
+            raise InvalidValueError(f"cache capacity {capacity} exceeds the model context {self.n_ctx}")
+        return make_cache(spec, self.config, batch, capacity, self.dtype, self.device)
+
+    # ── forward ───────────────────────────────────────────────────────────────────────────────
+    def _rms_norm(self, x, weight):
+        import torch
+
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.rms_eps)
+        return (xf * weight).to(self.dtype)
+
+    def _rope(self, x, cos, sin):
+        """Rotate (batch, heads, T, head_dim) by the positions' angles (cos, sin: (T, head_dim/2))."""
+        import torch
+
+        if self.config.rope_style == "norm":  # adjacent pairs (x[2i], x[2i+1])
+            x0, x1 = x[..., 0::2], x[..., 1::2]
+            return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+        half = x.shape[-1] // 2  # neox: pairs (x[i], x[i + d/2])
+        x0, x1 = x[..., :half], x[..., half:]
+        return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+
+    def forward(self, tokens, cache: KVCache | None = None, *, all_logits: bool = False):
+        """tokens: (batch, T) ids at positions cache.seq_len..+T (0..T without a cache).
+        Returns logits (batch, T or 1, vocab) in fp32."""
+        import torch
+        import torch.nn.functional as F
+
+        c = self.config
+        b, t = tokens.shape
+        start = cache.seq_len if cache is not None else 0
+        if start + t > self.n_ctx:
+            raise InvalidValueError(
+                f"context of {start + t} tokens exceeds the model's context of {self.n_ctx} tokens "
+                f"(trained for {c.n_ctx_train})"
+            )
+        if cache is not None:
+            cache.reserve(t)
+        cos = self._rope_cos[start : start + t].to(self.dtype)
+        sin = self._rope_sin[start : start + t].to(self.dtype)
+        q_dim, kv_dim, hd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.head_dim
+        window = getattr(cache, "window", None)
+        mask_cache: dict = {}
+
+        x = self.tok_embd[tokens]
+        for i, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer.attn_norm)
+            qkv = _linear(h, layer.wqkv)
+            if layer.bqkv is not None:
+                qkv = qkv + layer.bqkv
+            q = qkv[..., :q_dim].view(b, t, c.n_heads, hd).transpose(1, 2)
+            k = qkv[..., q_dim : q_dim + kv_dim].view(b, t, c.n_kv_heads, hd).transpose(1, 2)
+            v = qkv[..., q_dim + kv_dim :].view(b, t, c.n_kv_heads, hd).transpose(1, 2)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            key_pos = None
+            if cache is not None:
+                k, v, key_pos = cache.update(i, k, v)
+            if t == 1 and key_pos is None:
+                attn = self._decode_attention(q, k, v)
+            else:
+                mask = self._mask(t, start, k.shape[2], key_pos, window, mask_cache)
+                attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=c.n_kv_heads != c.n_heads)
+            x = x + _linear(attn.transpose(1, 2).reshape(b, t, q_dim), layer.wo)
+            h = self._rms_norm(x, layer.ffn_norm)
+            gate, up = _linear(h, layer.w_gate_up).split(c.ffn_dim, dim=-1)
+            x = x + _linear(F.silu(gate) * up, layer.w_down)
+        if cache is not None:
+            cache.advance(t)
+        if not all_logits:
+            x = x[:, -1:]
+        return _linear(self._rms_norm(x, self.output_norm), self.lm_head).float()
+
+    def _decode_attention(self, q, k, v):
+        """One query per sequence: grouped heads share their KV head, two small matmuls."""
+        import torch
+
+        b, h, _, d = q.shape
+        g = h // k.shape[1]  # query heads per KV head; query head i reads KV head i // g
+        qg = q.reshape(b, k.shape[1], g, d)
+        scores = torch.matmul(qg, k.transpose(-1, -2)) * (d**-0.5)  # (b, kv_heads, g, keys)
+        out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)  # (b, kv_heads, g, d)
+        return out.reshape(b, h, 1, d)
+
+    def _mask(self, t, start, n_keys, key_pos, window, memo):
+        """Boolean (T, keys) mask, True = attend; None when every key is visible (one query, no window)."""
+        import torch
+
+        if t == 1 and key_pos is None:
+            return None
+        if "m" not in memo:
+            q_pos = torch.arange(start, start + t, device=self.device)[:, None]
+            k_pos = key_pos[None, :] if key_pos is not None else torch.arange(n_keys, device=self.device)[None, :]
+            mask = k_pos <= q_pos  # causal
+            if window is not None:
+                mask &= k_pos > q_pos - window  # only the last `window` positions
+            memo["m"] = mask
+        return memo["m"]
+
+    __call__ = forward
+    step = forward
+
+
+def load_gguf(path, *, device="cpu", dtype="float32", n_ctx: int | None = None):
+    """(LlamaModel, GGUFTokenizer) from one GGUF, reading its header once (parsing the
+    tokenizer arrays is most of the open time)."""
+    import torch
+
+    from .tokenizer import tokenizer_from_gguf
+
+    reader = open_gguf(path)
+    config = read_config(reader, os.fspath(path))
+    tokenizer = tokenizer_from_gguf(reader)
+    state = load_state(reader, config, torch.float32)
+    return LlamaModel(config, state, device=device, dtype=dtype, n_ctx=n_ctx, path=os.fspath(path)), tokenizer
