@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, FileFormatError, NotSupportedError
+from ..quant.presets import presets
 from ..quant.types import ggml_types_by_id
 from .spec import ARCHITECTURES, ModelSpec, TensorInfo
 
@@ -36,15 +37,6 @@ GGML_MAX_NAME = 64  # tensor names, including the terminating NUL in llama.cpp
 _SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 _VALUE_TYPE_NAMES = "UINT8 INT8 UINT16 INT16 UINT32 INT32 FLOAT32 BOOL STRING ARRAY UINT64 INT64 FLOAT64".split()
-
-# enum llama_ftype (llama.h) -> the llama-quantize preset name; source: llama.cpp include/llama.h
-LLAMA_FTYPES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
-    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
-    19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
-    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
-    36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE",
-}
 
 # retained metadata: strings longer than this keep only their length; arrays longer than this
 # keep only their count (the token list, merges and scores are counted, not copied)
@@ -375,9 +367,16 @@ def model_from_gguf(path: str | os.PathLike, *, mmproj: str | os.PathLike | None
     if proj is not None:
         extra["mmproj"] = _projector_summary(read_gguf_header(proj))
     try:
-        return ModelSpec(**kw, tensors=lm, file_type=LLAMA_FTYPES.get(ftype) if isinstance(ftype, int) else None, extra=extra)
+        return ModelSpec(**kw, tensors=lm, file_type=_preset_of_ftype(ftype), extra=extra)
     except ConfigError as exc:
         raise ConfigError(f"{first.path}: the GGUF metadata describes an impossible model: {exc}") from None
+
+
+def _preset_of_ftype(ftype: Any) -> str | None:
+    """general.file_type (enum llama_ftype) -> the llama-quantize preset name (quant/presets data)."""
+    if isinstance(ftype, bool) or not isinstance(ftype, int):
+        return None
+    return next((p.name for p in presets().values() if p.ftype_id == ftype), None)
 
 
 def _hparams(arch: str, md: dict[str, Any], tensors: dict[str, TensorInfo], label: str, path: str) -> dict[str, Any]:
