@@ -108,22 +108,26 @@ def copy_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: in
                        detail=f"np.copyto of {src.nbytes / 2**20:.0f} MiB in {threads} slice(s); read + write counted")
 
 
-def matmul_tflops(dtype: str, n: int = 1024, threads: int | None = None, repeats: int = 5) -> Measurement:
+def matmul_tflops(dtype: str, n: int | None = None, threads: int | None = None, repeats: int = 5,
+                  target_s: float = 0.15) -> Measurement:
     """Dense square matmul throughput, TFLOP/s (2 n^3 FLOP per product).
 
     dtype "fp32" uses numpy (its BLAS); "bf16" and "int8" use torch on the CPU
-    (torch.matmul in bfloat16; torch._int_mm, int8 x int8 -> int32). Raises
-    MissingDependencyError or NotSupportedError when this build cannot do it.
+    (torch.matmul in bfloat16; torch._int_mm, int8 x int8 -> int32). Without ``n`` the size is
+    chosen so one product takes about ``target_s`` (slow paths, such as bf16 emulated on AVX2,
+    get small matrices and the run stays short). Raises MissingDependencyError or
+    NotSupportedError when this build cannot do it.
     """
     from ..errors import NotSupportedError
 
-    flop = 2.0 * n**3  # one multiply and one add per inner-product term
     if dtype == "fp32":
         np = _numpy()
-        a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-        b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
-        run: Callable[[], object] = lambda: a @ b  # noqa: E731
-        how = f"numpy {n}x{n} float32 @"
+        rng = np.random.default_rng(0)
+
+        def make(k: int) -> tuple[Callable[[], object], str]:
+            a = rng.standard_normal((k, k), dtype=np.float32)
+            b = rng.standard_normal((k, k), dtype=np.float32)
+            return (lambda: a @ b), f"numpy {k}x{k} float32 @"
     elif dtype in ("bf16", "int8"):
         try:
             import torch
@@ -131,30 +135,39 @@ def matmul_tflops(dtype: str, n: int = 1024, threads: int | None = None, repeats
             raise MissingDependencyError("torch", f"measuring {dtype} matmul", extra="runtime") from None
         if threads:
             torch.set_num_threads(threads)
-        if dtype == "bf16":
-            a = torch.randn(n, n, dtype=torch.bfloat16)
-            b = torch.randn(n, n, dtype=torch.bfloat16)
-            run = lambda: torch.matmul(a, b)  # noqa: E731
-            how = f"torch {n}x{n} bfloat16 matmul ({torch.get_num_threads()} threads)"
-        else:
-            a = torch.randint(-128, 127, (n, n), dtype=torch.int8)
-            b = torch.randint(-128, 127, (n, n), dtype=torch.int8)
-            if not hasattr(torch, "_int_mm"):
-                raise NotSupportedError("this torch has no int8 matmul (torch._int_mm)")
-            run = lambda: torch._int_mm(a, b)  # noqa: E731
-            try:
-                run()
-            except RuntimeError as exc:
-                raise NotSupportedError(f"int8 matmul is not available on this CPU build of torch: {exc}") from None
-            how = f"torch._int_mm {n}x{n} int8 -> int32 ({torch.get_num_threads()} threads)"
+        if dtype == "int8" and not hasattr(torch, "_int_mm"):
+            raise NotSupportedError("this torch has no int8 matmul (torch._int_mm)")
+
+        def make(k: int) -> tuple[Callable[[], object], str]:
+            if dtype == "bf16":
+                a, b = torch.randn(k, k, dtype=torch.bfloat16), torch.randn(k, k, dtype=torch.bfloat16)
+                return (lambda: torch.matmul(a, b)), f"torch {k}x{k} bfloat16 matmul ({torch.get_num_threads()} threads)"
+            a = torch.randint(-128, 127, (k, k), dtype=torch.int8)
+            b = torch.randint(-128, 127, (k, k), dtype=torch.int8)
+            return (lambda: torch._int_mm(a, b)), f"torch._int_mm {k}x{k} int8 -> int32 ({torch.get_num_threads()} threads)"
     else:
         raise InvalidValueError(f"matmul dtype {dtype!r} is not one of fp32, bf16, int8")
-    run()  # warm-up
+    if n is None:  # size the problem: time a 256 product, scale n by the cube root of the time ratio
+        probe, _ = make(256)
+        try:
+            probe()
+        except RuntimeError as exc:
+            raise NotSupportedError(f"{dtype} matmul is not available on this CPU build: {exc}") from None
+        t0 = time.perf_counter()
+        probe()
+        t = max(time.perf_counter() - t0, 1e-6)
+        n = int(min(4096, max(128, 256 * (target_s / t) ** (1 / 3))) // 64 * 64)
+    run, how = make(n)
+    try:
+        run()  # warm-up
+    except RuntimeError as exc:
+        raise NotSupportedError(f"{dtype} matmul is not available on this CPU build: {exc}") from None
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
+    flop = 2.0 * n**3  # one multiply and one add per inner-product term
     return Measurement(f"{dtype} matmul", "TFLOP/s", tuple(flop / t / 1e12 for t in times), detail=how)
 
 
@@ -200,7 +213,7 @@ class Step:
 
 
 def plan(threads: tuple[int, ...] | None = None, total_bytes: int | None = None, repeats: int = 5,
-         matmul_n: int = 1024) -> list[Step]:
+         matmul_n: int | None = None) -> list[Step]:
     """The CPU steps of a calibration run (GPU steps come from gpu_measurements)."""
     from .probes.cpu import probe_cpu, usable_cpus
 

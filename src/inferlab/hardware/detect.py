@@ -177,10 +177,10 @@ def _host_device(cpu: CpuInfo | None, memory: MemoryInfo | None, profile: dict |
         mm = profile.get("cpu", {}).get("matmul_tflops", {})
         if "fp32" in mm:
             flops32 = mm["fp32"]["median"]
-            figures.append(Figure("FP32 matmul", f"{flops32 * 1e3:.0f} GFLOP/s", f"calibrated: {when}"))
-        if "bf16" in mm:
-            flops16 = mm["bf16"]["median"]
-            figures.append(Figure("BF16 matmul", f"{flops16 * 1e3:.0f} GFLOP/s", f"calibrated: {when}"))
+            figures.append(Figure("FP32 matmul", f"{flops32 * 1e3:.3g} GFLOP/s", f"calibrated: {when}"))
+        if "bf16" in mm:  # half-precision matmul: the faster of the bf16 kernel and fp32 (bf16 is emulated without AVX512_BF16/AMX)
+            flops16 = max(mm["bf16"]["median"], flops32 or 0.0)
+            figures.append(Figure("BF16 matmul", f"{mm['bf16']['median'] * 1e3:.3g} GFLOP/s", f"calibrated: {when}"))
     if bandwidth is None:
         bandwidth = _quick_read_bandwidth_gbs(cores)
         if bandwidth is not None:

@@ -1,0 +1,91 @@
+"""Measure llama.cpp's CPU decode rate per ggml type and per core (the data of cpu_model.py).
+
+For each type (pure-type toy models, llama-quantize --pure) and each model size, tg128 with
+1 thread and with every physical core, the llama-bench method (warm-up, median of repetitions).
+Then a least-squares fit, per thread count, of
+
+    seconds per token = n_layer x overhead_per_layer + sum over types of bytes_t / rate_t
+
+(one overhead shared by all types). Prints the fit and writes benchmarks/results/cpu_decode_rates.json;
+the figures that go into src/inferlab/data/cpu_limits.json are copied from it by hand, with
+this command as their source.
+
+    python benchmarks/cpu_decode_rates.py [--repetitions 3] [--models toy-125m,toy-290m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from datetime import datetime, timezone
+
+from inferlab.hardware.probes.cpu import probe_cpu
+from inferlab.hardware.validate import TOY_MODELS, decode_bytes_by_type, llama_bench, physical_cores, toy_model
+
+TYPES = {"Q4_K": "Q4_K_M", "Q6_K": "Q6_K", "Q8_0": "Q8_0"}  # measured type -> the preset made --pure
+
+
+def solve(rows: list[tuple[list[float], float]]) -> list[float]:
+    """Least squares x for A x = b (normal equations, Gauss-Jordan; a handful of unknowns)."""
+    n = len(rows[0][0])
+    ata = [[sum(r[0][i] * r[0][j] for r in rows) for j in range(n)] for i in range(n)]
+    atb = [sum(r[0][i] * r[1] for r in rows) for i in range(n)]
+    m = [ata[i] + [atb[i]] for i in range(n)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[p] = m[p], m[c]
+        for r in range(n):
+            if r != c and m[c][c]:
+                f = m[r][c] / m[c][c]
+                m[r] = [a - f * b for a, b in zip(m[r], m[c])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repetitions", type=int, default=3)
+    ap.add_argument("--models", default=",".join(TOY_MODELS))
+    ap.add_argument("--n-gen", type=int, default=128)
+    args = ap.parse_args()
+    cores = physical_cores()
+    cpu, _ = probe_cpu()
+    threads = sorted({1, cores})
+    runs = []
+    for model in args.models.split(","):
+        for ty, preset in TYPES.items():
+            path = toy_model(model, preset, pure=True)
+            by_type = decode_bytes_by_type(path)
+            for t in threads:
+                r = llama_bench(path, t, n_prompt=0, n_gen=args.n_gen, repetitions=args.repetitions)
+                runs.append({"model": model, "type": ty, "threads": t, "n_layer": TOY_MODELS[model].n_layer,
+                             "bytes_by_type": by_type, "tg_tok_s": list(r.tg_tok_s), "tg_median": r.tg,
+                             "s_per_token": 1 / r.tg})
+                print(f"{model:9s} {ty:5s} {t} thread(s): tg{args.n_gen} {r.tg:7.2f} tok/s  "
+                      f"{sum(by_type.values()) / 1e6:7.1f} MB/token  -> {sum(by_type.values()) * r.tg / 1e9:5.2f} GB/s")
+    types = sorted({k for r in runs for k in r["bytes_by_type"]})
+    fits = {}
+    for t in threads:
+        rows = [([r["n_layer"]] + [r["bytes_by_type"].get(k, 0) for k in types], r["s_per_token"]) for r in runs if r["threads"] == t]
+        x = solve(rows)
+        rates = {k: 1 / v for k, v in zip(types, x[1:]) if v > 0}
+        resid = [abs(sum(a * b for a, b in zip(row, x)) - y) / y for row, y in rows]
+        fits[t] = {"overhead_s_per_layer": x[0], "rate_bytes_per_s": rates, "max_rel_residual": max(resid)}
+        print(f"fit, {t} thread(s): overhead {x[0] * 1e6:.1f} us/layer; " +
+              ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in rates.items()) + f"; worst residual {max(resid):.1%}")
+    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu.model if cpu else "unknown",
+           "features": list(cpu.features) if cpu else [], "physical_cores": cores, "host": platform.node(),
+           "command": "python benchmarks/cpu_decode_rates.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+           "runs": runs, "fits": fits}
+    os.makedirs("benchmarks/results", exist_ok=True)
+    with open("benchmarks/results/cpu_decode_rates.json", "w") as fh:
+        json.dump(out, fh, indent=1)
+    print("wrote benchmarks/results/cpu_decode_rates.json")
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    main()
+    print(f"{time.time() - t0:.0f} s")

@@ -1,0 +1,88 @@
+"""How fast llama.cpp's CPU backend can dequantize-and-dot weights, per core and ggml type.
+
+Decode on a CPU reads every weight once per token. When the cores are fast and few memory
+channels feed them, bandwidth limits it (bytes / (η·β)); when the cores are few or slow, the
+dequantize+dot kernels do (bytes / (rate per core x threads)). The rates are measured with
+llama.cpp itself (tg128 of single-type models, benchmarks/cpu_decode_rates.py) and stored as
+data with their source in data/cpu_limits.json. Standard library only (core).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+
+from ..errors import InvalidValueError, UnknownNameError
+from .device import Device
+
+# Types a rate can be asked for but which were not measured: the measured type with the same
+# kernel family and the nearest bits per weight stands in (noted in the entry's source).
+_STAND_IN = {"Q4_0": "Q4_K", "Q4_1": "Q4_K", "Q5_K": "Q6_K", "Q5_0": "Q6_K", "Q5_1": "Q6_K", "Q3_K": "Q4_K",
+             "Q2_K": "Q4_K", "IQ4_XS": "Q4_K", "IQ4_NL": "Q4_K", "BF16": "F16"}
+
+
+@cache
+def limits() -> dict:
+    """The table (data/cpu_limits.json): reference CPUs, each with per-type rates and sources."""
+    return json.loads(resources.files("inferlab.data").joinpath("cpu_limits.json").read_text())
+
+
+def _simd_of(device: Device) -> str:
+    """The vector ISA class of a CPU device: from detect's notes ('ISA: ...'), else its name."""
+    text = f"{device.notes} {device.name}".lower()
+    if "amx" in text.split("isa:")[-1] and "amx" in text:
+        return "amx"
+    if "avx512" in text:
+        return "avx512"
+    if "apple" in text or "neon" in text or "arm" in text:
+        return "neon"
+    return "avx2"
+
+
+def reference_for(device: Device) -> dict:
+    """The measured reference CPU that stands for ``device``: same ISA class if measured, else the default."""
+    refs = limits()["references"]
+    simd = _simd_of(device)
+    return next((r for r in refs if r["simd"] == simd), refs[0])
+
+
+def cpu_decode_rate_bytes_per_s(device: Device, ggml_type: str, n_threads: int | None = None) -> float:
+    """Bytes of ``ggml_type`` weights per second that llama.cpp's CPU kernels can dequantize and
+    dot with one token's activations, using ``n_threads`` threads on ``device`` (default: its
+    cores). This is the compute limit of CPU decode only; the caller takes the minimum with the
+    memory limit η·β. Threads past the physical cores add nothing (SMT shares the vector units).
+
+    rate = per-core rate of the type (measured) x effective threads (measured scaling).
+    """
+    if not device.is_cpu:
+        raise InvalidValueError(f"{device.name!r} is a {device.backend} device; CPU decode rates apply to cpu devices")
+    cores = device.n_cores or 1
+    threads = cores if n_threads is None else n_threads
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InvalidValueError(f"n_threads must be an integer >= 1, got {n_threads!r}")
+    ref = reference_for(device)
+    rates = ref["per_core_bytes_per_s"]
+    key = ggml_type.upper()
+    key = key if key in rates else _STAND_IN.get(key, key)
+    if key not in rates:
+        raise UnknownNameError("ggml type with a measured CPU rate", ggml_type, list(rates) + list(_STAND_IN))
+    used = min(threads, cores)
+    return rates[key] * used * ref["thread_scaling"] ** (used - 1)  # per core x threads x measured scaling loss
+
+
+def cpu_decode_rate_for_mix(device: Device, bytes_by_type: Mapping[str, float], n_threads: int | None = None) -> float:
+    """The same limit for a model whose weights mix types (Q4_K_M: Q4_K and Q6_K...): total bytes
+    over the sum of each type's time, bytes_t / rate_t (a harmonic mean weighted by bytes)."""
+    total = sum(bytes_by_type.values())
+    if total <= 0:
+        raise InvalidValueError(f"bytes_by_type must hold some bytes, got {dict(bytes_by_type)!r}")
+    t = sum(b / cpu_decode_rate_bytes_per_s(device, ty, n_threads) for ty, b in bytes_by_type.items() if b)
+    return total / t
+
+
+def decode_overhead_s_per_layer(device: Device) -> float:
+    """Fixed seconds per transformer block per decode step on the CPU backend (graph and
+    thread synchronisation), fitted with the rates."""
+    return reference_for(device)["overhead_s_per_layer"]

@@ -1,0 +1,287 @@
+"""Check speed predictions against the real llama.cpp on this machine.
+
+1. Write small llama-architecture GGUF files with the ``gguf`` package (random weights, F16),
+   then quantize them with llama.cpp's own quantizer (``llama_model_quantize`` through
+   llama-cpp-python) to the presets asked for (Q4_K_M, Q8_0...). They are cached in the user's
+   cache directory ($XDG_CACHE_HOME/inferlab/validate or ~/.cache/inferlab/validate).
+2. Run them the way ``llama-bench`` does: one warm-up run, then ``repetitions`` runs of pp512
+   (one 512-token batch into an empty cache) and tg128 (128 single-token decode steps from an
+   empty cache), the same thread count for both; report the median tokens/s.
+3. Predict the same figures with inferlab's speed model (``perf_model.llama_bench`` when the
+   calibrated model is there) and name what limits decode here: memory bandwidth (bytes over
+   η x measured bandwidth) or per-core compute (bytes over the dequantize+dot rate of
+   cpu_model.py).
+
+Random weights decode as fast as trained ones: llama.cpp's kernels do not look at the values.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+from ..errors import InvalidValueError, MissingDependencyError, NotSupportedError, UnknownNameError
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    """A llama-architecture model with random weights, big enough to stream from DRAM."""
+
+    name: str
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    n_vocab: int = 32000
+    n_ctx_train: int = 2048
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def n_params(self) -> int:
+        kv = self.n_head_kv * self.head_dim
+        block = 2 * self.n_embd * self.n_embd + 2 * self.n_embd * kv + 3 * self.n_embd * self.n_ff + 2 * self.n_embd
+        return 2 * self.n_vocab * self.n_embd + self.n_layer * block + self.n_embd  # untied embeddings + output
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha1(repr(self).encode()).hexdigest()[:10]
+
+
+# Sizes of the models validate writes. Row lengths (n_embd, n_ff) are multiples of 256 so every
+# K-quant applies without fallbacks; head_dim 64; 4 KV heads (GQA), as small Llama-family models.
+TOY_MODELS: dict[str, ToyConfig] = {
+    "toy-125m": ToyConfig("toy-125m", n_embd=768, n_layer=12, n_ff=2048, n_head=12, n_head_kv=4),
+    "toy-290m": ToyConfig("toy-290m", n_embd=1024, n_layer=20, n_ff=2816, n_head=16, n_head_kv=4),
+}
+
+# llama_ftype values (llama.h) of the presets validate can make; "pure" variants put every
+# tensor in one type (llama-quantize --pure), which cpu_model's measurements use.
+FTYPES = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "inferlab", "validate")
+
+
+def _llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise MissingDependencyError("llama-cpp-python", "validating against llama.cpp", extra="engine") from None
+    return llama_cpp
+
+
+def write_f16_gguf(cfg: ToyConfig, path: str, seed: int = 0) -> str:
+    """Write ``cfg`` as a llama GGUF with N(0, 0.02) F16 weights, F32 norms and a byte-level
+    SentencePiece-style vocabulary (llama.cpp needs a tokenizer to load a model)."""
+    try:
+        import gguf
+        import numpy as np
+    except ImportError:
+        raise MissingDependencyError("gguf", "writing GGUF files", extra="files") from None
+    rng = np.random.default_rng(seed)
+
+    def weight(rows: int, cols: int):  # numpy (rows, cols) = ggml ne (cols, rows)
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+
+    ones = np.ones(cfg.n_embd, dtype=np.float32)
+    kv = cfg.n_head_kv * cfg.head_dim
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name(cfg.name)
+    w.add_context_length(cfg.n_ctx_train)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.n_layer)
+    w.add_feed_forward_length(cfg.n_ff)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.n_head_kv)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(cfg.n_vocab)
+    w.add_file_type(FTYPES["F16"])
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581t{i}" for i in range(cfg.n_vocab - len(tokens))]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 3 + [0.0] * 256 + [-float(i) for i in range(cfg.n_vocab - 259)])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (cfg.n_vocab - 259))  # unknown, control, byte, normal
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_tensor("token_embd.weight", weight(cfg.n_vocab, cfg.n_embd))
+    for i in range(cfg.n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", ones)
+        w.add_tensor(p + "attn_q.weight", weight(cfg.n_embd, cfg.n_embd))
+        w.add_tensor(p + "attn_k.weight", weight(kv, cfg.n_embd))
+        w.add_tensor(p + "attn_v.weight", weight(kv, cfg.n_embd))
+        w.add_tensor(p + "attn_output.weight", weight(cfg.n_embd, cfg.n_embd))
+        w.add_tensor(p + "ffn_norm.weight", ones)
+        w.add_tensor(p + "ffn_gate.weight", weight(cfg.n_ff, cfg.n_embd))
+        w.add_tensor(p + "ffn_up.weight", weight(cfg.n_ff, cfg.n_embd))
+        w.add_tensor(p + "ffn_down.weight", weight(cfg.n_embd, cfg.n_ff))
+    w.add_tensor("output_norm.weight", ones)
+    w.add_tensor("output.weight", weight(cfg.n_vocab, cfg.n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def quantize(src: str, dst: str, preset: str, *, pure: bool = False, n_threads: int | None = None) -> str:
+    """Quantize with llama.cpp's own llama_model_quantize (what llama-quantize runs)."""
+    if preset not in FTYPES:
+        raise UnknownNameError("quantization preset", preset, FTYPES)
+    llama_cpp = _llama_cpp()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[preset]
+    params.nthread = n_threads or (os.cpu_count() or 1)
+    params.pure = pure
+    tmp = dst + ".part"
+    rc = llama_cpp.llama_model_quantize(src.encode(), tmp.encode(), ctypes.byref(params))
+    if rc != 0:
+        raise NotSupportedError(f"llama_model_quantize({preset}) failed with code {rc} on {src}")
+    os.replace(tmp, dst)
+    return dst
+
+
+def toy_model(name: str, preset: str, *, pure: bool = False, directory: str | None = None) -> str:
+    """Path of the toy model ``name`` quantized to ``preset`` (written and cached on first use)."""
+    if name not in TOY_MODELS:
+        raise UnknownNameError("toy model", name, TOY_MODELS)
+    if preset not in FTYPES:
+        raise UnknownNameError("quantization preset", preset, FTYPES)
+    cfg = TOY_MODELS[name]
+    directory = directory or cache_dir()
+    f16 = os.path.join(directory, f"{cfg.name}-{cfg.key}-F16.gguf")
+    if not os.path.exists(f16):
+        write_f16_gguf(cfg, f16 + ".part")
+        os.replace(f16 + ".part", f16)
+    if preset == "F16":
+        return f16
+    out = os.path.join(directory, f"{cfg.name}-{cfg.key}-{preset}{'-pure' if pure else ''}.gguf")
+    if not os.path.exists(out):
+        quantize(f16, out, preset, pure=pure)
+    return out
+
+
+# ---------------------------------------------------------------- the llama-bench method
+
+@dataclass(frozen=True)
+class BenchResult:
+    model_path: str
+    n_threads: int
+    n_prompt: int
+    n_gen: int
+    pp_tok_s: tuple[float, ...]  # one per repetition
+    tg_tok_s: tuple[float, ...]
+
+    @property
+    def pp(self) -> float:
+        return statistics.median(self.pp_tok_s) if self.pp_tok_s else float("nan")
+
+    @property
+    def tg(self) -> float:
+        return statistics.median(self.tg_tok_s) if self.tg_tok_s else float("nan")
+
+
+def _clear_memory(llama_cpp, ctx) -> None:
+    """Empty the KV cache (the name changed across llama.cpp versions)."""
+    if hasattr(llama_cpp, "llama_memory_clear") and hasattr(llama_cpp, "llama_get_memory"):
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    elif hasattr(llama_cpp, "llama_kv_self_clear"):
+        llama_cpp.llama_kv_self_clear(ctx)
+    else:
+        llama_cpp.llama_kv_cache_clear(ctx)
+
+
+def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int = 128, repetitions: int = 5,
+                seed: int = 0) -> BenchResult:
+    """pp``n_prompt`` and tg``n_gen`` as llama-bench measures them, through llama-cpp-python.
+
+    pp: one batch of n_prompt random tokens into an empty cache (n_batch = n_ubatch = n_prompt).
+    tg: n_gen decode steps of one token each, from an empty cache. One warm-up of each first.
+    """
+    for name, v in (("n_threads", n_threads), ("repetitions", repetitions)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InvalidValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if n_prompt < 0 or n_gen < 0 or n_prompt + n_gen == 0:
+        raise InvalidValueError(f"n_prompt and n_gen must be >= 0 and not both 0, got {n_prompt}, {n_gen}")
+    llama_cpp = _llama_cpp()
+    import random
+
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=max(n_prompt, n_gen) + 16, n_batch=max(n_prompt, 1),
+                          n_ubatch=max(n_prompt, 1), n_threads=n_threads, n_threads_batch=n_threads, n_gpu_layers=0,
+                          verbose=False, use_mmap=True)
+    try:
+        ctx = llm._ctx.ctx
+        n_vocab = llm.n_vocab()
+        rnd = random.Random(seed)
+
+        def decode(tokens: list[int]) -> None:
+            arr = (llama_cpp.llama_token * len(tokens))(*tokens)
+            rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens)))
+            if rc != 0:
+                raise NotSupportedError(f"llama_decode returned {rc} on {model_path}")
+
+        def pp_run() -> float:
+            _clear_memory(llama_cpp, ctx)
+            toks = [rnd.randrange(n_vocab) for _ in range(n_prompt)]
+            t0 = time.perf_counter()
+            decode(toks)
+            llama_cpp.llama_synchronize(ctx)
+            return n_prompt / (time.perf_counter() - t0)
+
+        def tg_run(n: int) -> float:
+            _clear_memory(llama_cpp, ctx)
+            tok = rnd.randrange(n_vocab)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                decode([tok])
+                tok = rnd.randrange(n_vocab)
+            llama_cpp.llama_synchronize(ctx)
+            return n / (time.perf_counter() - t0)
+
+        pp, tg = [], []
+        if n_prompt:
+            pp_run()  # warm-up
+            pp = [pp_run() for _ in range(repetitions)]
+        if n_gen:
+            tg_run(min(n_gen, 16))  # warm-up
+            tg = [tg_run(n_gen) for _ in range(repetitions)]
+    finally:
+        llm.close() if hasattr(llm, "close") else None
+    return BenchResult(model_path, n_threads, n_prompt, n_gen, tuple(pp), tuple(tg))
+
+
+def physical_cores() -> int:
+    from .probes.cpu import probe_cpu, usable_cpus
+
+    cpu, _ = probe_cpu()
+    return (cpu.physical_cores if cpu and cpu.physical_cores else None) or usable_cpus() or 1
+
+
+def decode_bytes_by_type(model_path: str) -> dict[str, int]:
+    """Weight bytes one decode step reads, by ggml type, from the GGUF's tensor table: every
+    tensor once, except token_embd (a row lookup: one row) unless the output head is tied to it."""
+    from ..models.gguf_reader import model_from_gguf
+
+    spec = model_from_gguf(model_path)
+    tied = not any(t.name == "output.weight" for t in spec.tensors)
+    out: dict[str, int] = {}
+    for t in spec.tensors:
+        n = t.n_bytes
+        if t.name == "token_embd.weight" and not tied:
+            n = t.n_bytes // t.shape[-1] if len(t.shape) > 1 else n  # one row of n_vocab
+        out[t.ggml_type] = out.get(t.ggml_type, 0) + n
+    return out

@@ -1,0 +1,123 @@
+"""calibrate: bandwidth and matmul figures checked against independent measurements; the profile
+file in the user's config directory (a tmp dir here), and detect using it."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+np = pytest.importorskip("numpy")
+
+from inferlab.cli.main import cli  # noqa: E402
+from inferlab.errors import FileFormatError, InvalidValueError  # noqa: E402
+from inferlab.hardware import calibrate as cal  # noqa: E402
+from inferlab.hardware.detect import inspect_machine  # noqa: E402
+
+MIB = 2**20
+
+
+def independent_read_gbs(total_bytes: int, threads: int = 2) -> float:
+    """A separate streaming read: each thread owns its own int64 array and takes its maximum
+    (another kernel, other arrays, plain threads started together at a barrier)."""
+    arrays = [np.arange(total_bytes // 8 // threads, dtype=np.int64) for _ in range(threads)]
+    for a in arrays:
+        a.max()  # touch the pages
+    start = threading.Barrier(threads + 1)
+
+    def work(a):
+        start.wait()
+        a.max()
+
+    ts = [threading.Thread(target=work, args=(a,)) for a in arrays]
+    for t in ts:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    return sum(a.nbytes for a in arrays) / (time.perf_counter() - t0) / 1e9
+
+
+@pytest.mark.slow
+def test_two_thread_read_bandwidth_agrees_with_an_independent_stream_within_15_percent():
+    size = cal.default_working_set_bytes()
+    ours, theirs = [], []
+    for _ in range(3):  # interleaved, so that load from elsewhere hits both alike
+        ours.append(cal.read_bandwidth_gbs(2, size, repeats=3).median)
+        theirs.append(statistics.median(independent_read_gbs(size) for _ in range(3)))
+    a, b = statistics.median(ours), statistics.median(theirs)
+    assert a == pytest.approx(b, rel=0.15), (ours, theirs)
+
+
+def test_working_set_is_past_the_last_level_cache():
+    assert cal.default_working_set_bytes(32 * MIB) >= 4 * 32 * MIB
+    assert cal.default_working_set_bytes(None) >= 256 * MIB
+
+
+def test_fp32_matmul_figure_is_flops_over_time_of_the_same_product():
+    m = cal.matmul_tflops("fp32", n=512, repeats=3)
+    a = np.ones((512, 512), dtype=np.float32)
+    a @ a
+    t0 = time.perf_counter()
+    for _ in range(3):
+        a @ a
+    direct = 3 * 2 * 512**3 / (time.perf_counter() - t0) / 1e12
+    assert m.unit == "TFLOP/s" and len(m.samples) == 3
+    assert m.median == pytest.approx(direct, rel=0.6)  # same kernel, timed independently; a loaded machine varies
+
+
+def test_measurement_statistics():
+    m = cal.Measurement("x", "GB/s", (10.0, 12.0, 11.0, 30.0))
+    assert m.median == 11.5 and m.spread == pytest.approx(20 / 11.5)
+    j = m.to_json()
+    assert j["min"] == 10.0 and j["max"] == 30.0 and j["samples"] == [10.0, 12.0, 11.0, 30.0]
+
+
+def test_bad_inputs_are_typed_errors():
+    with pytest.raises(InvalidValueError, match="threads"):
+        cal.read_bandwidth_gbs(0)
+    with pytest.raises(InvalidValueError, match="fp32, bf16, int8"):
+        cal.matmul_tflops("fp8")
+
+
+def test_calibrate_command_saves_a_profile_in_the_config_dir_and_machine_uses_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    res = CliRunner().invoke(cli, ["calibrate", "--threads", "1,2", "--repeats", "2", "--size-mib", "64", "--json"])
+    assert res.exit_code == 0, res.output
+    path = tmp_path / "inferlab" / "machine_profile.json"
+    saved = json.loads(path.read_text())
+    assert saved["version"] == cal.PROFILE_VERSION and saved["date"].startswith(time.strftime("%Y-", time.gmtime()))
+    two = saved["cpu"]["read_bandwidth_gbs"]["2"]
+    assert two["min"] <= two["median"] <= two["max"] and two["spread"] >= 0 and len(two["samples"]) == 2
+    assert "fp32" in saved["cpu"]["matmul_tflops"]
+    assert set(saved["cpu"]["matmul_tflops"]) | set(k.split(".")[-1] for k in saved["skipped"]) >= {"fp32", "bf16", "int8"}
+    # the library and `inferlab machine` now take the host figures from the profile
+    d = inspect_machine()
+    best = max(v["median"] for v in saved["cpu"]["read_bandwidth_gbs"].values())
+    assert d.machine.ram.bandwidth_gbs == best
+    out = CliRunner().invoke(cli, ["machine"])
+    assert out.exit_code == 0 and "calibrated" in out.output
+    # nothing was written anywhere else under the config home
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["machine_profile.json"]
+
+
+def test_calibrate_rejects_bad_thread_lists(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    res = CliRunner().invoke(cli, ["calibrate", "--threads", "1,zero"])
+    assert res.exit_code == 2 and "--threads" in res.output and "Traceback" not in res.output
+
+
+def test_a_corrupt_profile_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert cal.load_profile() is None
+    (tmp_path / "inferlab").mkdir()
+    (tmp_path / "inferlab" / "machine_profile.json").write_text("{not json")
+    with pytest.raises(FileFormatError, match="calibrate"):
+        cal.load_profile()
+    res = CliRunner().invoke(cli, ["machine"])
+    assert res.exit_code == 2 and "calibrate" in res.output
