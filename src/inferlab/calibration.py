@@ -92,7 +92,7 @@ def _fit_backend(rows: list[dict], backend: str) -> dict:
         probes.append((r, g["bytes"] / (mc.gpu.bandwidth_bytes_per_s), p.gpus[0].n_blocks, f["total_s"]))
     # decode: t = t_bw / η + c · blocks, least absolute log error over a grid of η (c: median residual)
     best = None
-    for i in range(40, 101):
+    for i in range(40, 91):  # η at most 0.9: no kernel streams at the full peak
         eta = i / 100
         cs = [max(0.0, (1 / r["tg"] - tb / eta) / nb) for r, tb, nb, _ in probes if r["tg"]]
         c = statistics.median(cs) if cs else 0.0
