@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from inferlab.hardware.probes.cpu import probe_cpu
 from inferlab.hardware.validate import TOY_MODELS, decode_bytes_by_type, llama_bench, physical_cores, toy_model
 
-TYPES = {"Q4_K": "Q4_K_M", "Q6_K": "Q6_K", "Q8_0": "Q8_0"}  # measured type -> the preset made --pure
+TYPES = {"Q4_K": "Q4_K_M", "Q6_K": "Q6_K", "Q8_0": "Q8_0", "F16": "F16"}  # measured type -> the preset made --pure
 
 
 def solve(rows: list[tuple[list[float], float]]) -> list[float]:

@@ -335,3 +335,12 @@ def detect_machine(*, gpu: str | None = None, cpu: str | None = None, profile: d
     calibration profile's figures for the host when ``inferlab calibrate`` has been run."""
     return inspect_machine(gpu=gpu, cpu=cpu, profile=profile).machine
 
+
+
+def machine_from_name(name: str) -> Machine:
+    """``--on NAME``: "local" is this computer (detect_machine); any other name a catalog machine."""
+    if name == "local":
+        return detect_machine()
+    from .catalog import MACHINES
+
+    return MACHINES[name]  # unknown keys raise UnknownNameError with close matches
