@@ -14,6 +14,7 @@ from ..errors import InferlabError
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     # "fit": ("fit", "models", "machines"),  (registered once written)
     "machine": ("machine", "calibrate"),
+    "gguf_plan": ("gguf_plan",),
 }
 
 
