@@ -146,3 +146,11 @@ def test_imatrix_changes_only_the_documented_rules():
     assert tensor_plan(MODELS["llama-2-7b"], auto) == tensor_plan(MODELS["llama-2-7b"], with_)
     assert set(_types("llama-2-7b", auto, "attn_v.weight")) == {"IQ3_XXS"}
     assert set(_types("llama-2-7b", without, "attn_v.weight")) == {"IQ3_S"}
+
+
+def test_output_type_reaches_a_tied_token_embd():
+    """llama.cpp applies --output-tensor-type to token_embd when the embeddings are tied."""
+    q = Preset("Q4_K_M", output_type="Q8_0")
+    assert _type_of("llama-3.2-1b", q, "token_embd.weight") == "Q8_0"
+    assert _type_of("llama-3.1-8b", q, "token_embd.weight") == "Q4_K"  # untied: only output.weight
+    assert _type_of("llama-3.1-8b", q, "output.weight") == "Q8_0"

@@ -247,6 +247,8 @@ def _mix(ftype: str, new: str, name: str, shape: tuple[int, ...], cat: str, attn
         return layer_of(name) if n_expert > 1 else index
 
     if cat == OUTPUT or (counts.tied and cat == TOKEN_EMBD):
+        if quant.output_type:  # a tied token_embd takes --output-tensor-type too
+            return quant.output_type
         if ftype == "MXFP4_MOE":
             return "Q8_0"
         if shape[0] % ggml_type(new).block_size != 0:

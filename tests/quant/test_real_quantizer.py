@@ -1,0 +1,87 @@
+"""tensor_plan against llama.cpp itself: write random-weight models, quantize them with
+llama_model_quantize (llama-cpp-python), read the result back with the gguf package, and compare
+every tensor's type and the file's tensor bytes with the plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferlab.models.gguf_writer import quantize_gguf, write_gguf
+from inferlab.models.spec import ModelSpec
+from inferlab.quant.plan import tensor_plan
+from inferlab.quant.presets import Preset, presets
+
+llama_cpp = pytest.importorskip("llama_cpp")
+gguf = pytest.importorskip("gguf")
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+PRESETS = ["Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K"]
+SPECS = {
+    # GQA (8 query heads per 2 KV heads, n_gqa = 4); ffn rows of 640 = 2.5 x 256: ffn_down falls back
+    "gqa": ModelSpec(name="tiny GQA", arch="llama", n_layers=32, d_model=256, n_heads=8, n_kv_heads=2,
+                     head_dim=32, d_ff=640, vocab_size=320, n_ctx_train=2048),
+    # no GQA; n_embd 288 = 9 x 32: every matrix fed by the residual stream falls back, the output
+    # head takes the "ne[0] % block -> Q8_0" rule
+    "mha": ModelSpec(name="tiny MHA", arch="llama", n_layers=32, d_model=288, n_heads=9, n_kv_heads=9,
+                     head_dim=32, d_ff=768, vocab_size=300, n_ctx_train=2048),
+    # Mixtral-style: 8 experts (attn_v/attn_k Q8_0, attn_output Q5_K, ffn_down's layer read from the
+    # name); expert rows of 384 = 1.5 x 256 make ffn_down_exps fall back
+    "moe8": ModelSpec(name="tiny 8-expert MoE", arch="llama", n_layers=16, d_model=256, n_heads=8, n_kv_heads=2,
+                      head_dim=32, d_ff=0, vocab_size=320, n_ctx_train=2048, n_experts=8, n_experts_used=2,
+                      d_ff_expert=384),
+}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf")
+    return {k: write_gguf(spec, d / f"{k}-f16.gguf", seed=i) for i, (k, spec) in enumerate(SPECS.items())}
+
+
+def _read(path) -> dict[str, tuple[str, int]]:
+    r = gguf.GGUFReader(str(path))
+    return {t.name: (t.tensor_type.name, int(t.n_bytes)) for t in r.tensors}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("model", list(SPECS))
+def test_plan_matches_llama_quantize(sources, tmp_path, model, preset):
+    dst = quantize_gguf(sources[model], tmp_path / f"{model}-{preset}.gguf", preset, n_threads=2)
+    real = _read(dst)
+    plan = tensor_plan(SPECS[model], Preset(preset))
+    planned = {e.name: (e.ggml_type, e.n_bytes) for e in plan}
+    assert set(planned) == set(real)
+    wrong = {n: (planned[n], real[n]) for n in real if planned[n] != real[n]}
+    assert not wrong, f"{len(wrong)} tensors differ (planned, llama.cpp): {dict(list(wrong.items())[:8])}"
+    assert sum(b for _, b in real.values()) == sum(e.n_bytes for e in plan)
+
+
+def test_the_models_exercise_the_fallbacks():
+    """The shapes above really reach the fallback and output rules (else the test above proves less)."""
+    gqa = {e.name: e.ggml_type for e in tensor_plan(SPECS["gqa"], "Q4_K_M")}
+    assert gqa["blk.5.ffn_down.weight"] == "Q5_0" and gqa["blk.0.ffn_down.weight"] == "Q8_0"
+    mha = {e.name: e.ggml_type for e in tensor_plan(SPECS["mha"], "preset:Q2_K")}
+    assert mha["output.weight"] == "Q8_0" and mha["blk.3.attn_q.weight"] == "Q4_0"
+    assert mha["blk.3.attn_v.weight"] == "Q4_0"  # Q3_K (n_gqa = 1) falls back
+    moe = {e.name: e.ggml_type for e in tensor_plan(SPECS["moe8"], "Q4_K_M")}
+    assert moe["blk.4.attn_v.weight"] == "Q8_0" and moe["blk.4.attn_output.weight"] == "Q5_K"
+    assert moe["blk.0.ffn_down_exps.weight"] == "Q8_0" and moe["blk.5.ffn_down_exps.weight"] == "Q5_0"
+
+
+def test_ftype_ids_match_llama_h():
+    for p in presets().values():
+        const = "LLAMA_FTYPE_ALL_F32" if p.name == "F32" else f"LLAMA_FTYPE_MOSTLY_{p.name}"
+        assert getattr(llama_cpp, const) == p.ftype_id, p.name
+
+
+def test_written_model_runs_in_llama_cpp(sources):
+    llm = llama_cpp.Llama(model_path=str(sources["gqa"]), n_ctx=64, n_threads=2, verbose=False)
+    try:
+        tokens = llm.tokenize(b"hello world")
+        assert tokens and max(tokens) < SPECS["gqa"].vocab_size
+        llm.eval(tokens)
+        assert llm.n_vocab() == SPECS["gqa"].vocab_size
+        assert len(llm.scores[len(tokens) - 1]) == SPECS["gqa"].vocab_size
+    finally:
+        llm.close()
