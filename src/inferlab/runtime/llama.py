@@ -92,6 +92,8 @@ class LlamaModel:
         self.lm_head = matrix(state["token_embd.weight" if config.tied_embeddings else "output.weight"])
         if config.tied_embeddings and dtype != "int8":
             self.tok_embd = self.lm_head.T  # a view of the transposed head: one copy in memory
+        elif config.tied_embeddings:
+            self.tok_embd = None  # rows are dequantized from the int8 head on lookup
         else:
             self.tok_embd = state["token_embd.weight"].to(device=dev, dtype=act)
         self.layers: list[_Layer] = []
@@ -142,7 +144,7 @@ class LlamaModel:
     def weight_bytes(self) -> int:
         """Bytes of every weight tensor as held in memory (a tied LM head counted once)."""
         total = _nbytes(self.lm_head) + self.output_norm.nbytes
-        if not self._embedding_is_head:
+        if self.tok_embd is not None and not self._embedding_is_head:
             total += self.tok_embd.nbytes
         for layer in self.layers:
             total += sum(_nbytes(w) for w in (layer.attn_norm, layer.wqkv, layer.bqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down))
@@ -151,7 +153,7 @@ class LlamaModel:
     @property
     def decode_weight_bytes(self) -> int:
         """Weight bytes one decode step streams: all matrices and norms, plus one embedding row."""
-        row = self.tok_embd.shape[1] * self.tok_embd.element_size()
+        row = self.config.d_model * (self.tok_embd.element_size() if self.tok_embd is not None else 1)
         layers = sum(
             _nbytes(w) for l in self.layers for w in (l.attn_norm, l.wqkv, l.bqkv, l.wo, l.ffn_norm, l.w_gate_up, l.w_down)
         )
@@ -205,7 +207,7 @@ class LlamaModel:
         window = getattr(cache, "window", None)
         mask_cache: dict = {}
 
-        x = self.tok_embd[tokens]
+        x = self._embed(tokens)
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
             qkv = _linear(h, layer.wqkv)
@@ -232,6 +234,11 @@ class LlamaModel:
         if not all_logits:
             x = x[:, -1:]
         return _linear(self._rms_norm(x, self.output_norm), self.lm_head).float()
+
+    def _embed(self, tokens):
+        if self.tok_embd is None:  # int8 tied head: dequantize just the rows looked up
+            return self.lm_head.q[tokens].float() * self.lm_head.scale[tokens][..., None]
+        return self.tok_embd[tokens]
 
     def _decode_attention(self, q, k, v):
         """One query per sequence: grouped heads share their KV head, two small matmuls."""
