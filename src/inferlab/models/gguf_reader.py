@@ -108,12 +108,6 @@ class _Cursor:
         self.pos += n
         return b
 
-    def skip_string(self, what: str) -> int:
-        n = self.u64(f"length of {what}")
-        self.need(n, f"{what} of {n} bytes")
-        self.pos += n
-        return n
-
     def text(self, what: str) -> str:
         b = self.raw_string(what)
         try:
@@ -156,11 +150,25 @@ def _read_value(c: _Cursor, vtype: int, key: str) -> Any:
             if count <= 64:
                 values = tuple(_read_value(c, _STRING, f"{key}[{i}]") for i in range(count))
                 return GGUFArray("STRING", count, values)
-            for i in range(count):
-                c.skip_string(f"{key}[{i}]")
+            _skip_strings(c, count, key)
             return GGUFArray("STRING", count, None)
         raise c.fail(f"array {key!r} has element type {_type_name(etype)}; valid: scalars and strings (no nested arrays)")
     raise c.fail(f"metadata {key!r} has unknown value type {vtype}; valid: 0-12")
+
+
+def _skip_strings(c: _Cursor, count: int, key: str) -> None:
+    """Step over count length-prefixed strings (a vocabulary: ~10^5 of them) without copying them."""
+    unpack = struct.Struct(c.order + "Q").unpack_from
+    buf, pos, end = c.buf, c.pos, c.size
+    for i in range(count):
+        if pos + 8 > end:
+            c.pos = pos
+            raise c.fail(f"truncated or corrupt GGUF: length of {key}[{i}] needs 8 bytes but only {end - pos} remain")
+        start, pos = pos, pos + 8 + unpack(buf, pos)[0]
+        if pos > end:
+            c.pos = start
+            raise c.fail(f"truncated or corrupt GGUF: string {key}[{i}] runs past the end of the file")
+    c.pos = pos
 
 
 def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
