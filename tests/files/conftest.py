@@ -96,15 +96,17 @@ def gguf_metadata(spec: ModelSpec) -> dict[str, tuple[object, object]]:
 def write_spec_gguf(spec: ModelSpec, path: Path, dtype: str = "F16", *, types: dict[str, str] | None = None,
                     sparse: bool = False, extra_tensors: dict | None = None, metadata: dict | None = None,
                     n_vocab_tokens: int | None = None, chat_template: str | None = "{{ messages }}", seed: int = 0,
-                    **writer_kw) -> Path:
+                    drop: tuple[str, ...] = (), **writer_kw) -> Path:
     """Write spec's tensors to a GGUF: 1-D tensors F32, others in dtype (F16/F32), or the raw type
-    named in types (bytes are random); sparse: write the header and extend the file without data."""
+    named in types (bytes are random); sparse: write the header and extend the file without data;
+    metadata: extra or replaced keys (key -> (value, GGUFValueType)); drop: keys not to write."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), spec.arch, **writer_kw)
     w.add_name(spec.name)
     w.add_file_type(0 if dtype == "F32" else 1)
     for k, (v, t) in {**gguf_metadata(spec), **(metadata or {})}.items():
-        w.add_key_value(k, v, t)
+        if k not in drop:
+            w.add_key_value(k, v, t)
     n_tok = n_vocab_tokens or spec.vocab_size
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(n_tok)])

@@ -203,3 +203,39 @@ def test_smollm2_spec_matches_published_config(smollm2):
     assert spec.total_params() == 134_515_008  # the published "135M"; equals the file's element count
     assert sum(int(t.n_elements) for t in reader.tensors) == spec.total_params()
     assert spec.extra["tensor_types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+
+
+def test_deepseek2_pre_2025_key_layout(kit, tmp_path):
+    """Files converted before MLA absorption carry the per-head sizes in key_length/value_length."""
+    spec = kit.spec_for("deepseek_v2")
+    T = gguf.GGUFValueType
+    md = {"deepseek2.attention.key_length": (spec.head_dim, T.UINT32), "deepseek2.attention.value_length": (spec.head_dim_v, T.UINT32),
+          "deepseek2.attention.head_count_kv": (spec.n_heads, T.UINT32)}
+    path = kit.write_spec_gguf(spec, tmp_path / "ds.gguf", metadata=md,
+                               drop=("deepseek2.attention.key_length_mla", "deepseek2.attention.value_length_mla"))
+    got = model_from_gguf(path)
+    assert _normalized(got) == _normalized(spec)
+    assert (got.kv_lora_rank, got.qk_rope_head_dim, got.qk_nope_head_dim, got.n_dense_layers) == (64, 32, 32, 1)
+
+
+def test_per_layer_head_counts(kit, tmp_path):
+    spec = kit.spec_for("llama")
+    T = gguf.GGUFValueType
+    same = {"llama.attention.head_count_kv": ([2] * spec.n_layers, T.ARRAY)}
+    assert model_from_gguf(kit.write_spec_gguf(spec, tmp_path / "a.gguf", metadata=same)).n_kv_heads == 2
+    differ = {"llama.attention.head_count_kv": ([2, 2, 4, 4], T.ARRAY)}
+    with pytest.raises(NotSupportedError, match=r"per-layer llama.attention.head_count_kv values differ \(\[2, 4\]\)"):
+        model_from_gguf(kit.write_spec_gguf(spec, tmp_path / "b.gguf", metadata=differ))
+    with pytest.raises(FileFormatError, match="lacks llama.block_count"):
+        model_from_gguf(kit.write_spec_gguf(spec, tmp_path / "c.gguf", drop=("llama.block_count",)))
+    bad = {"llama.embedding_length": ("wide", T.STRING)}
+    with pytest.raises(FileFormatError, match="must be a non-negative integer, got 'wide'"):
+        model_from_gguf(kit.write_spec_gguf(spec, tmp_path / "d.gguf", metadata=bad))
+
+
+def test_unsupported_architecture(kit, tmp_path):
+    spec = kit.spec_for("llama")
+    T = gguf.GGUFValueType
+    path = kit.write_spec_gguf(spec, tmp_path / "m.gguf", metadata={"general.architecture": ("mamba", T.STRING)})
+    with pytest.raises(NotSupportedError, match="architecture 'mamba' is not supported; supported: llama"):
+        model_from_gguf(path)
