@@ -87,28 +87,30 @@ def layer_bytes(model: ModelSpec, quant: str | Preset | PureType | None = None) 
 # --- cached work --------------------------------------------------------------------------------
 
 @lru_cache(maxsize=1024)
-def _inventory(model: ModelSpec) -> tuple[tuple, Prepared, tuple[int, ...]]:
+def _inventory(model: ModelSpec) -> tuple[tuple, Prepared, tuple[int, ...], tuple[int, ...]]:
+    """The model's tensors, what the rules precompute on them, weights and rows of each."""
     tensors = tensor_inventory(model)
-    return tensors, prepare(tensors), tuple(t.n_elements for t in tensors)
+    n_elements = tuple(t.n_elements for t in tensors)
+    n_rows = tuple(n // t.shape[0] for t, n in zip(tensors, n_elements))
+    return tensors, prepare(tensors), n_elements, n_rows
 
 
 @lru_cache(maxsize=4096)
 def _plan(model: ModelSpec, quant: Preset | PureType) -> tuple[PlanEntry, ...]:
-    tensors, prep, n_elements = _inventory(model)
+    tensors, prep, n_elements, n_rows = _inventory(model)
     imatrix = bool(quant.imatrix) if isinstance(quant, Preset) else False
     types = plan_types(tensors, model, quant, imatrix=imatrix, prepared=prep)
-    if isinstance(quant, Preset) and quant.imatrix is None and quant.name in _MAY_NEED_IMATRIX and requires_imatrix(tensors, types, quant.name):
+    if (isinstance(quant, Preset) and quant.imatrix is None and quant.name in _MAY_NEED_IMATRIX
+            and requires_imatrix(tensors, types, quant.name)):
         # llama-quantize refuses this preset without an importance matrix: plan the file made with one
         types = plan_types(tensors, model, quant, imatrix=True, prepared=prep)
-    return tuple(
-        PlanEntry(t.name, t.shape, n, ty, _tensor_bytes(ty, t.shape), t.layer, t.is_expert)
-        for t, ty, n in zip(tensors, types, n_elements)
-    )
-
-
-@lru_cache(maxsize=1 << 15)
-def _tensor_bytes(type_name: str, shape: tuple[int, ...]) -> int:
-    return ggml_types()[type_name].tensor_bytes(shape)
+    table = ggml_types()
+    entries = []
+    for t, ty, n, rows in zip(tensors, types, n_elements, n_rows):
+        g = table[ty]
+        # bytes = whole blocks per row x bytes per block x rows (ggml_row_size * nrows)
+        entries.append(PlanEntry(t.name, t.shape, n, ty, t.shape[0] // g.block_size * g.type_size * rows, t.layer, t.is_expert))
+    return tuple(entries)
 
 
 # presets whose mix can contain a type llama-quantize refuses to make without an imatrix

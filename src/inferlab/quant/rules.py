@@ -122,7 +122,7 @@ def is_70b_class(spec: ModelSpec) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def fallback(target: str, ncols: int, *, rules: str = "master") -> str:
+def fallback(target: str, ncols: int, rules: str = "master") -> str:
     """tensor_type_fallback: a type whose block divides the row length ncols (ne[0])."""
     block = ggml_type(target).block_size
     if ncols % block == 0:
@@ -163,10 +163,14 @@ def prepare(tensors: Sequence) -> Prepared:
 
 
 @dataclass(frozen=True)
-class _Counts:
-    """What llama-quantize counts over the whole model before choosing types."""
+class _Model:
+    """What the rules read from the model, computed once per plan (llama-quantize's qs state)."""
 
-    n_attention_wv: int  # attn_v-like tensors
+    n_layer: int
+    n_expert: int  # hparams.n_expert (0 for dense models)
+    n_gqa: int
+    is_70b: bool
+    n_attention_wv: int  # attn_v-like tensors in the file
     tied: bool  # no output.weight: token_embd doubles as the output head
 
 
@@ -179,42 +183,46 @@ def plan_types(tensors: Sequence, spec: ModelSpec, quant: Preset | PureType, *, 
     source_type: the type of tensors that are not quantized (converters write those in F32).
     prepared: prepare(tensors), when the caller keeps it.
     """
-    rules = quant.rules if isinstance(quant, Preset) else "master"
-    v_like = (ATTN_V, ATTN_QKV, ATTN_KV_B) if rules == "master" else (ATTN_V,)
     prep = prepared or prepare(tensors)
-    cats = prep.cats
-    counts = _Counts(
-        n_attention_wv=sum(c in (ATTN_V, ATTN_QKV, ATTN_KV_B) for c in cats),
-        tied=not any(c == OUTPUT for c in cats),
-    )
-    seen = {ATTN_V: 0, FFN_DOWN: 0, FFN_GATE: 0, FFN_UP: 0}  # running counters (qs.i_*)
     base = quant.base_type
+    allowed = prep.allowed
+    if not isinstance(quant, Preset) or (ggml_type(base).block_size == 1 and not (quant.output_type or quant.token_embd_type)):
+        # --pure, or a float file type (F32/F16/BF16): no mix, only the row-size fallback
+        if ggml_type(base).block_size == 1:
+            return [base if a else source_type for a in allowed]
+        return [fallback(base, t.shape[0]) if a else source_type for t, a in zip(tensors, allowed)]
+    rules = quant.rules
+    v_like = (ATTN_V, ATTN_QKV, ATTN_KV_B) if rules == "master" else (ATTN_V,)
+    cats = prep.cats
+    model = _Model(
+        n_layer=spec.n_layers, n_expert=spec.n_experts, n_gqa=spec.n_heads // spec.n_kv_heads,
+        is_70b=is_70b_class(spec), n_attention_wv=sum(c in (ATTN_V, ATTN_QKV, ATTN_KV_B) for c in cats),
+        tied=OUTPUT not in cats,
+    )
     quantized_base = ggml_type(base).block_size > 1
-    out: list[str] = [""] * len(tensors)
+    seen = {ATTN_V: 0, FFN_DOWN: 0, FFN_GATE: 0, FFN_UP: 0}  # running counters (qs.i_*)
+    out: list[str] = [source_type] * len(tensors)
     for i in prep.order:
-        t, cat = tensors[i], cats[i]
-        name, shape = t.name, tuple(t.shape)
-        if not prep.allowed[i]:
-            out[i] = source_type
+        if not allowed[i]:
             continue
-        if isinstance(quant, Preset):
-            if quant.token_embd_type and cat == TOKEN_EMBD:
-                out[i] = quant.token_embd_type
-                continue
-            if quant.output_type and cat == OUTPUT:
-                out[i] = quant.output_type
-                continue
+        cat = cats[i]
+        if quant.token_embd_type and cat == TOKEN_EMBD:
+            out[i] = quant.token_embd_type
+            continue
+        if quant.output_type and cat == OUTPUT:
+            out[i] = quant.output_type
+            continue
         if not quantized_base:
             out[i] = base
             continue
-        new = base
-        if isinstance(quant, Preset):
-            key = ATTN_V if cat in v_like else cat
-            index = seen.get(key, 0)
-            new = _mix(quant.name, base, name, shape, cat, cat in v_like, index, spec, counts, quant, imatrix)
-            if key in seen:
-                seen[key] += 1
-        out[i] = fallback(new, shape[0], rules=rules)
+        t = tensors[i]
+        attn_v_like = cat in v_like
+        key = ATTN_V if attn_v_like else cat
+        index = seen.get(key, 0)
+        new = _mix(quant, base, t.name, t.shape, cat, attn_v_like, index, model, imatrix)
+        if key in seen:
+            seen[key] += 1
+        out[i] = fallback(new, t.shape[0], rules)
     return out
 
 
@@ -234,19 +242,20 @@ def _sort_layer(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def _mix(ftype: str, new: str, name: str, shape: tuple[int, ...], cat: str, attn_v_like: bool, index: int,
-         spec: ModelSpec, counts: _Counts, quant: Preset, imatrix: bool) -> str:
-    """llama_tensor_get_type_impl for one tensor. ftype: the preset name; new: its base type;
-    index: how many tensors of this category llama-quantize has typed before this one."""
-    n_expert = max(1, spec.n_experts)
-    n_gqa = spec.n_heads // spec.n_kv_heads
-    n_layer = spec.n_layers
+def _mix(quant: Preset, new: str, name: str, shape: tuple[int, ...], cat: str, attn_v_like: bool, index: int,
+         model: _Model, imatrix: bool) -> str:
+    """llama_tensor_get_type_impl for one tensor. new: the preset's base type; index: how many
+    tensors of this category llama-quantize has typed before this one."""
+    ftype = quant.name
+    n_expert = max(1, model.n_expert)
+    n_gqa = model.n_gqa
+    n_layer = model.n_layer
 
     def layer_info() -> int:
         # MoE models: the block index from the name; dense: the running count (equal for our models)
         return layer_of(name) if n_expert > 1 else index
 
-    if cat == OUTPUT or (counts.tied and cat == TOKEN_EMBD):
+    if cat == OUTPUT or (model.tied and cat == TOKEN_EMBD):
         if quant.output_type:  # a tied token_embd takes --output-tensor-type too
             return quant.output_type
         if ftype == "MXFP4_MOE":
@@ -269,10 +278,10 @@ def _mix(ftype: str, new: str, name: str, shape: tuple[int, ...], cat: str, attn
         return new
     if ftype in _VERY_LOW_BIT:
         if attn_v_like:
-            if n_gqa >= 4 or spec.n_experts >= 4:
+            if n_gqa >= 4 or model.n_expert >= 4:
                 return "Q4_K"
             return "IQ3_S" if ftype in ("IQ2_S", "IQ2_M") else "Q2_K"
-        if spec.n_experts == 8 and cat == ATTN_K:
+        if model.n_expert == 8 and cat == ATTN_K:
             return "Q4_K"
         if cat == FFN_DOWN:
             # the running count over ffn_down tensors, whatever the model (n_ffn_down = n_layer)
@@ -280,7 +289,7 @@ def _mix(ftype: str, new: str, name: str, shape: tuple[int, ...], cat: str, attn
                 return "IQ3_S" if ftype in ("IQ2_S", "IQ2_M") else "Q2_K"
             return new
         if cat == ATTN_OUTPUT:
-            if spec.n_experts == 8:
+            if model.n_expert == 8:
                 return "Q5_K"
             if ftype in ("IQ1_S", "IQ1_M"):
                 return "IQ2_XXS"
@@ -304,18 +313,18 @@ def _mix(ftype: str, new: str, name: str, shape: tuple[int, ...], cat: str, attn
             new = "Q5_K"
         elif ftype in ("IQ4_NL", "IQ4_XS") and n_gqa >= 4:
             new = "Q5_K"
-        elif ftype in ("Q4_K_M", "Q5_K_M") and use_more_bits(index, counts.n_attention_wv):
+        elif ftype in ("Q4_K_M", "Q5_K_M") and use_more_bits(index, model.n_attention_wv):
             new = "Q6_K"
         elif ftype == "Q4_K_S" and index < 4:
             new = "Q5_K"
-        if is_70b_class(spec) and new in ("Q3_K", "Q4_K"):
+        if model.is_70b and new in ("Q3_K", "Q4_K"):
             # 70B: attn_v is 8x smaller than attn_q (8 query heads per KV head), so more bits cost little
             new = "Q5_K"
-        if spec.n_experts == 8:
+        if model.n_expert == 8:
             new = "Q8_0"  # 8-expert models: "bumping this to Q8_0 trades just ~128MB"
         return new
     if cat == ATTN_K:
-        if spec.n_experts == 8:
+        if model.n_expert == 8:
             return "Q8_0"
         if ftype == "IQ3_XS":
             return "IQ3_XXS"
@@ -338,7 +347,7 @@ def _mix(ftype: str, new: str, name: str, shape: tuple[int, ...], cat: str, attn
             return "Q4_K" if i < n_layer // 8 else "Q3_K"
         if ftype == "Q3_K_M":
             return "Q5_K" if i < n_layer // 16 else "Q4_K"
-        if ftype == "IQ3_M" and (i < n_layer // 8 or (spec.n_experts == 8 and use_more_bits(i, n_layer))):
+        if ftype == "IQ3_M" and (i < n_layer // 8 or (model.n_expert == 8 and use_more_bits(i, n_layer))):
             return "Q4_K"
         if ftype == "Q3_K_L":
             return "Q5_K"
@@ -355,7 +364,7 @@ def _mix(ftype: str, new: str, name: str, shape: tuple[int, ...], cat: str, attn
             return "Q4_1" if ftype == "Q4_0" else "Q5_1"
         return new
     if cat == ATTN_OUTPUT:
-        if spec.n_experts == 8:
+        if model.n_expert == 8:
             return "Q5_K" if ftype in _ATTN_OUT_MOE8_Q5K else new
         return {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}.get(ftype, new)
     if cat == ATTN_QKV:  # reached only with the "2025" rules
