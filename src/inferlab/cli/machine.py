@@ -95,3 +95,67 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, no_save: 
         for key, why in profile["skipped"].items():
             con.print(f"[dim]skipped {key}: {why}[/]")
     sys.stdout.flush()
+
+
+@click.command("validate")
+@click.option("--engine", type=click.Choice(["llama.cpp"]), default="llama.cpp", show_default=True, help="The engine to check against.")
+@click.option("--models", default="toy-125m,toy-290m", show_default=True, help="Toy models to write (random weights): comma-separated.")
+@click.option("--presets", default="Q4_K_M,Q8_0", show_default=True, help="llama-quantize presets to make of each.")
+@click.option("--gguf", "gguf_paths", multiple=True, type=click.Path(exists=True, dir_okay=False), help="Also run this GGUF file.")
+@click.option("--threads", type=click.IntRange(1, 1024), help="Threads for llama.cpp (default: the physical cores).")
+@click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 20))
+@click.option("--n-prompt", default=512, show_default=True, type=click.IntRange(0, 8192))
+@click.option("--n-gen", default=128, show_default=True, type=click.IntRange(0, 4096))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...], threads: int | None, repetitions: int,
+             n_prompt: int, n_gen: int, as_json: bool) -> None:
+    """Measured vs predicted prefill and decode tokens/s on this machine, llama-bench style."""
+    from ..hardware import validate as v
+
+    model_list = tuple(m for m in models.split(",") if m)
+    preset_list = tuple(p for p in presets.split(",") if p)
+    for m in model_list:
+        if m not in v.TOY_MODELS:
+            from ..errors import UnknownNameError
+
+            raise UnknownNameError("toy model", m, v.TOY_MODELS)
+    con = _console()
+    err = __import__("rich.console", fromlist=["Console"]).Console(stderr=True)
+
+    def on_row(r):
+        if not as_json:
+            err.print(f"[dim]{r.model} {r.preset}: tg{n_gen} {r.measured.tg:.1f} tok/s measured, {r.predicted_tg:.1f} predicted[/]")
+
+    with err.status("writing models and running llama.cpp (pp%d, tg%d, %d repetitions)..." % (n_prompt, n_gen, repetitions)):
+        rows = v.validate_llama_cpp(model_list, preset_list, threads, repetitions, n_prompt, n_gen, gguf_paths, on_row=on_row)
+    if as_json:
+        click.echo(json.dumps([{
+            "model": r.model, "preset": r.preset, "n_params": r.n_params, "decode_bytes": r.decode_bytes, "threads": r.n_threads,
+            "pp_measured": r.measured.pp, "pp_samples": list(r.measured.pp_tok_s), "pp_predicted": r.predicted_pp, "pp_error": r.pp_error,
+            "tg_measured": r.measured.tg, "tg_samples": list(r.measured.tg_tok_s), "tg_predicted": r.predicted_tg, "tg_error": r.tg_error,
+            "dominant_limit": r.limits.dominant, "memory_s": r.limits.memory_s, "compute_s": r.limits.compute_s,
+            "overhead_s": r.limits.overhead_s, "eta": r.limits.eta, "bandwidth_gbs": r.limits.bandwidth_gbs,
+            "predicted_by": r.predicted_by} for r in rows], indent=1))
+        return
+    from rich.table import Table
+
+    t = Table(title=f"llama.cpp on this machine vs inferlab ({rows[0].n_threads if rows else '?'} threads, median of {repetitions})",
+              title_justify="left")
+    for col in ("model", "preset", "MB/token", f"pp{n_prompt} meas.", "pred.", "err", f"tg{n_gen} meas.", "pred.", "err", "decode limit"):
+        t.add_column(col, justify="left" if col in ("model", "preset", "decode limit") else "right")
+
+    def pct(e):
+        return "—" if e is None else f"{e:+.0%}"
+
+    for r in rows:
+        t.add_row(r.model, r.preset, f"{r.decode_bytes / 1e6:.0f}", f"{r.measured.pp:.1f}",
+                  "—" if r.predicted_pp is None else f"{r.predicted_pp:.1f}", pct(r.pp_error),
+                  f"{r.measured.tg:.1f}", f"{r.predicted_tg:.1f}", pct(r.tg_error), r.limits.dominant)
+    con.print(t)
+    if rows:
+        r = rows[0]
+        con.print(f"decode prediction: {r.predicted_by}")
+        con.print(f"limits: bandwidth = bytes / ({r.limits.eta:.2f} x {r.limits.bandwidth_gbs:.1f} GB/s measured); "
+                  "per-core compute = bytes / (dequantize+dot rate per core x threads), see inferlab.hardware.cpu_model")
+        worst = max(abs(x.tg_error) for x in rows)
+        con.print(f"worst decode error: {worst:.0%} — predictions for this machine are {'within' if worst <= 0.25 else 'outside'} 25 %")

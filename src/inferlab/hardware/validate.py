@@ -285,3 +285,108 @@ def decode_bytes_by_type(model_path: str) -> dict[str, int]:
             n = t.n_bytes // t.shape[-1] if len(t.shape) > 1 else n  # one row of n_vocab
         out[t.ggml_type] = out.get(t.ggml_type, 0) + n
     return out
+
+
+# ---------------------------------------------------------------- measured vs predicted
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """inferlab's own decode breakdown for one model on one CPU (seconds per token)."""
+
+    memory_s: float  # weight bytes / (η x measured read bandwidth)
+    compute_s: float  # sum over types of bytes_t / (dequantize+dot rate_t x threads)
+    overhead_s: float  # n_layer x fixed seconds per block
+    eta: float
+    bandwidth_gbs: float
+
+    @property
+    def tok_s(self) -> float:
+        return 1.0 / (max(self.memory_s, self.compute_s) + self.overhead_s)
+
+    @property
+    def dominant(self) -> str:
+        return "bandwidth" if self.memory_s >= self.compute_s else "per-core compute"
+
+
+@dataclass(frozen=True)
+class ValidationRow:
+    model: str
+    preset: str
+    n_params: int
+    decode_bytes: int  # weight bytes read per decoded token
+    n_threads: int
+    measured: BenchResult
+    limits: DecodeLimits
+    predicted_tg: float  # tok/s
+    predicted_pp: float | None
+    predicted_by: str  # which model made the prediction
+
+    @property
+    def tg_error(self) -> float:
+        """predicted / measured - 1 (positive: the prediction is too fast)."""
+        return self.predicted_tg / self.measured.tg - 1.0
+
+    @property
+    def pp_error(self) -> float | None:
+        return None if self.predicted_pp is None else self.predicted_pp / self.measured.pp - 1.0
+
+
+def decode_limits(bytes_by_type: dict[str, int], n_layer: int, ram, n_threads: int, eta: float | None = None) -> DecodeLimits:
+    """Memory and compute time of one CPU decode step (see cpu_model for the rates)."""
+    from .cpu_model import cpu_decode_rate_bytes_per_s, decode_overhead_s_per_layer, reference_for
+
+    eta = reference_for(ram)["decode_bw_eff"] if eta is None else eta
+    total = sum(bytes_by_type.values())
+    memory_s = total / (eta * ram.bandwidth_bytes_per_s)  # bytes over the bandwidth decode kernels reach
+    compute_s = sum(b / cpu_decode_rate_bytes_per_s(ram, ty, n_threads)  # each type at its kernel's rate
+                    for ty, b in bytes_by_type.items() if ty not in ("F32",) and b)
+    compute_s += bytes_by_type.get("F32", 0) / ram.bandwidth_bytes_per_s  # norms: a few KB, streamed
+    overhead_s = n_layer * decode_overhead_s_per_layer(ram)
+    return DecodeLimits(memory_s, compute_s, overhead_s, eta, ram.bandwidth_gbs)
+
+
+def _predict_with_perf_model(model_path: str, preset: str, machine, n_prompt: int, n_gen: int) -> tuple[float | None, float | None, str]:
+    """(pp, tg, why-not) from the calibrated speed model, when it is importable and answers."""
+    try:
+        from ..models.gguf_reader import model_from_gguf
+        from ..perf_model import llama_bench as predicted_bench
+
+        got = predicted_bench(model_from_gguf(model_path), preset, machine, n_prompt=n_prompt, n_gen=n_gen)
+        return float(got["pp"]), float(got["tg"]), ""
+    except (ImportError, NotImplementedError, TypeError, KeyError) as exc:
+        return None, None, f"perf_model.llama_bench unavailable ({type(exc).__name__}: {exc})"
+
+
+def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tuple[str, ...] = ("Q4_K_M", "Q8_0"),
+                       n_threads: int | None = None, repetitions: int = 3, n_prompt: int = 512, n_gen: int = 128,
+                       gguf_paths: tuple[str, ...] = (), machine=None, on_row=None) -> list[ValidationRow]:
+    """Run each toy model (and any given GGUF) through llama.cpp and the speed model; one row each."""
+    from ..models.gguf_reader import model_from_gguf
+    from .detect import detect_machine
+
+    machine = machine or detect_machine()
+    n_threads = n_threads or physical_cores()
+    jobs = [(m, p, toy_model(m, p)) for m in models for p in presets] + [(os.path.basename(g), None, g) for g in gguf_paths]
+    rows = []
+    for name, preset, path in jobs:
+        spec = model_from_gguf(path)
+        preset = preset or spec.file_type or "?"
+        by_type = decode_bytes_by_type(path)
+        measured = llama_bench(path, n_threads, n_prompt, n_gen, repetitions)
+        limits = decode_limits(by_type, spec.n_layers, machine.ram, n_threads)
+        pp, tg, why = _predict_with_perf_model(path, preset, machine, n_prompt, n_gen)
+        if tg is None:
+            tg, by = limits.tok_s, f"inferlab cpu_model (bandwidth η·β vs per-core rates; {why})"
+        else:
+            by = "perf_model.llama_bench (calibrated)"
+        if pp is None and machine.ram.fp32_tflops:
+            flops = 2.0 * sum(t.n_bytes and (t.shape[0] * (t.shape[1] if len(t.shape) > 1 else 1))
+                              for t in spec.tensors if t.name != "token_embd.weight") * n_prompt  # 2 FLOP per weight per token
+            pp = n_prompt / (flops / (machine.ram.fp32_tflops * 1e12))
+        row = ValidationRow(name, preset, sum(
+            (t.shape[0] * (t.shape[1] if len(t.shape) > 1 else 1)) for t in spec.tensors),
+            sum(by_type.values()), n_threads, measured, limits, tg, pp, by)
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    return rows
