@@ -239,3 +239,15 @@ def test_unsupported_architecture(kit, tmp_path):
     path = kit.write_spec_gguf(spec, tmp_path / "m.gguf", metadata={"general.architecture": ("mamba", T.STRING)})
     with pytest.raises(NotSupportedError, match="architecture 'mamba' is not supported; supported: llama"):
         model_from_gguf(path)
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"])
+def test_files_from_inferlab_write_gguf(kit, family, tmp_path):
+    """models.gguf_writer (written apart from this reader, for llama.cpp to load) reads back as its spec."""
+    from inferlab.models.gguf_writer import write_gguf
+
+    spec = dataclasses.replace(kit.spec_for(family), vocab_size=320)  # its tokenizer needs > 259 tokens
+    got = model_from_gguf(write_gguf(spec, tmp_path / "w.gguf", dtype="F16"))
+    assert _normalized(got) == _normalized(spec)
+    assert got.file_type == "F16" and got.extra["n_vocab_tokens"] == 320
+    assert {t.name: t.shape for t in got.tensors} == {t.name: t.shape for t in tensor_inventory(spec)}
