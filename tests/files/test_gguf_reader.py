@@ -147,6 +147,13 @@ def test_vision_tensors_and_projector(kit, tmp_path):
     assert got.extra["mmproj"]["n_bytes"] == 64 * 128 * 2
     with pytest.raises(NotSupportedError, match="vision projector"):
         model_from_gguf(tmp_path / "mmproj-F16.gguf")
+    # named explicitly, or broken beside the model (reported, the model still reads)
+    assert model_from_gguf(path, mmproj=tmp_path / "mmproj-F16.gguf").extra["mmproj"]["n_tensors"] == 1
+    (tmp_path / "mmproj-F16.gguf").write_bytes(b"GGUF" + bytes(10))
+    got = model_from_gguf(path)
+    assert "mmproj" not in got.extra and "24-byte GGUF preamble" in got.extra["mmproj_error"]
+    with pytest.raises(FileFormatError):
+        model_from_gguf(path, mmproj=tmp_path / "mmproj-F16.gguf")
 
 
 def test_sparse_multi_gigabyte_file_reads_header_only(kit, tmp_path):

@@ -371,9 +371,13 @@ def model_from_gguf(path: str | os.PathLike, *, mmproj: str | os.PathLike | None
     if vision:
         extra["vision_tensors"] = vision
         extra["vision_bytes"] = sum(t.n_bytes for t in vision)
-    proj = Path(mmproj) if mmproj is not None else _sibling_mmproj(Path(parts[0]))
-    if proj is not None:
-        extra["mmproj"] = _projector_summary(read_gguf_header(proj))
+    if mmproj is not None:
+        extra["mmproj"] = _projector_summary(read_gguf_header(mmproj))
+    elif (found := _sibling_mmproj(Path(parts[0]))) is not None:
+        try:  # a projector found beside the model is only reported: a bad one must not hide the model
+            extra["mmproj"] = _projector_summary(read_gguf_header(found))
+        except FileFormatError as exc:
+            extra["mmproj_error"] = str(exc)
     try:
         return ModelSpec(**kw, tensors=lm, file_type=_preset_of_ftype(ftype), extra=extra)
     except ConfigError as exc:
