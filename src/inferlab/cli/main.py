@@ -13,7 +13,7 @@ from ..errors import InferlabError
 # module name under inferlab.cli -> the click command objects it exports (attribute names)
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     # "fit": ("fit", "models", "machines"),  (registered once written)
-    "machine": ("machine", "calibrate"),
+    "machine": ("machine", "calibrate", "validate"),
     "gguf_plan": ("gguf_plan",),
 }
 
