@@ -11,13 +11,13 @@ block (unless ``-nkvo``). ``--fit`` (on by default) picks the largest ``ngl`` th
 
 from __future__ import annotations
 
-import bisect
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .errors import InvalidValueError, check_positive
 from .hardware.device import Device, Machine
-from .kv_size import kv_bytes_per_value, layer_kv_bytes
+from .kv_size import kv_bytes_per_value, swa_cache_tokens
 from .models.spec import ModelSpec
 from .quant.plan import resolve_quant, tensor_plan
 
@@ -29,44 +29,50 @@ N_UBATCH = 512  # llama.cpp -ub default: the physical batch that sizes compute b
 ORDERS = ("llama.cpp", "lesson")
 
 
+def _cumsum(xs) -> tuple[float, ...]:
+    out, acc = [0.0], 0.0
+    for x in xs:
+        acc += x
+        out.append(acc)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
-class LayerBytes:
-    """A model's weight bytes grouped the way placement moves them (one quant)."""
+class _Prefix:
+    """Prefix sums over blocks of what placement moves (one model, one quant), so that any range
+    of blocks costs O(1): p[b] - p[a] is the sum over blocks a … b-1."""
 
-    token_embd: int  # input embeddings (always host)
-    output: int  # output head + final norm (+ rope tables): llama.cpp's "output layer"
-    block: tuple[int, ...]  # all weights of each block
-    block_expert: tuple[int, ...]  # routed-expert weights of each block (subset of block)
-    block_flops: tuple[int, ...]  # weights of each block touched per token (MoE: active experts)
-    output_params: int  # weights in the output head (its matmul FLOPs: 2 per weight)
-
-    @property
-    def total(self) -> int:
-        return self.token_embd + self.output + sum(self.block)
+    token_embd: float  # input embeddings (always host)
+    output: float  # output head + final norm (+ rope tables): llama.cpp's "output layer"
+    output_params: float  # weights the output matmul multiplies (2 FLOPs each per token)
+    block: tuple[float, ...]  # all weights of each block
+    expert: tuple[float, ...]  # routed-expert weights (stacked *_exps tensors)
+    active_params: tuple[float, ...]  # weights touched per token (MoE: n_used of n_experts)
+    kv_full: tuple[float, ...]  # KV values per token in full-attention blocks (count, not bytes)
+    kv_swa: tuple[float, ...]  # KV values per token in sliding-window blocks
+    attn_flops: tuple[float, ...]  # attention FLOPs per query token per cached token
 
 
 @lru_cache(maxsize=2048)
-def layer_bytes(model: ModelSpec, quant) -> LayerBytes:
-    q = resolve_quant(quant) if quant is not None else None
-    plan = tensor_plan(model, q)
+def _prefix(model: ModelSpec, quant) -> _Prefix:
+    plan = tensor_plan(model, quant)
     n = model.n_layers
-    block = [0] * n
-    expert = [0] * n
-    active = [0] * n
-    embd = out = out_params = 0
+    block, expert, active = [0.0] * n, [0.0] * n, [0.0] * n
+    embd = out = out_params = 0.0
+    used = model.n_experts_used / model.n_experts if model.is_moe else 1.0
     for t in plan:
         if t.layer is None:
             if t.name.startswith("token_embd"):
                 embd += t.n_bytes
             else:
                 out += t.n_bytes
-                if t.name.startswith("output.") and t.name.endswith("weight"):
+                if t.name == "output.weight":
                     out_params += t.n_elements
             continue
         block[t.layer] += t.n_bytes
         if t.is_expert:
             expert[t.layer] += t.n_bytes
-            active[t.layer] += t.n_elements * model.n_experts_used // model.n_experts
+            active[t.layer] += t.n_elements * used  # a token reaches n_used of n_experts
         else:
             active[t.layer] += t.n_elements
     if model.tied_embeddings:
@@ -74,7 +80,11 @@ def layer_bytes(model: ModelSpec, quant) -> LayerBytes:
         emb = next(t for t in plan if t.name == "token_embd.weight")
         out += emb.n_bytes
         out_params += emb.n_elements
-    return LayerBytes(embd, out, tuple(block), tuple(expert), tuple(active), out_params)
+    kv = [model.kv_elements_per_token(i) for i in range(n)]
+    swa = [model.layer_is_swa(i) for i in range(n)]
+    return _Prefix(embd, out, out_params, _cumsum(block), _cumsum(expert), _cumsum(active),
+                   _cumsum(0 if w else k for k, w in zip(kv, swa)), _cumsum(k if w else 0 for k, w in zip(kv, swa)),
+                   _cumsum(_attn_flops_per_ctx(model, i) for i in range(n)))
 
 
 @dataclass(frozen=True)
@@ -173,25 +183,6 @@ def compute_buffer_bytes(model: ModelSpec, n_ubatch: int, with_output: bool) -> 
     return n_ubatch * 4 * per_token
 
 
-@dataclass(frozen=True)
-class _KVLayers:
-    bytes_: tuple[float, ...]  # per layer, at n_ctx
-    full_per_tok: tuple[float, ...]  # per layer, read per context token (full-attention layers)
-    swa_per_tok: tuple[float, ...]  # per layer, read per context token up to the window
-
-
-@lru_cache(maxsize=4096)
-def _kv_layers(model: ModelSpec, n_ctx: int, kv_type: str, n_seq: int) -> _KVLayers:
-    b = kv_bytes_per_value(kv_type)
-    per = [model.kv_elements_per_token(i) * b for i in range(model.n_layers)]
-    swa = [model.layer_is_swa(i) for i in range(model.n_layers)]
-    return _KVLayers(
-        layer_kv_bytes(model, n_ctx, kv_type, n_seq),
-        tuple(0.0 if s else p for p, s in zip(per, swa)),
-        tuple(p if s else 0.0 for p, s in zip(per, swa)),
-    )
-
-
 def _attn_flops_per_ctx(model: ModelSpec, i: int) -> float:
     # per query token and per cached token: QK^T (2 x heads x key size) + AV (2 x heads x value size)
     if model.is_mla:
@@ -199,15 +190,20 @@ def _attn_flops_per_ctx(model: ModelSpec, i: int) -> float:
     return 2.0 * model.n_heads * (model.head_dim + model.head_dim_v)
 
 
-def _split_points(weights: list[float], n: int) -> list[int]:
-    """llama.cpp's layer split: device d gets the layers whose fraction of the GPU range falls
-    below its cumulative share (-ts, default proportional to memory)."""
-    total = sum(weights)
-    cum, acc = [], 0.0
-    for w in weights:
-        acc += w
-        cum.append(acc / total)
-    return [min(bisect.bisect_right(cum, j / n), len(weights) - 1) for j in range(n)]
+def _split_counts(shares: list[float], n: int) -> list[int]:
+    """llama.cpp's layer split: GPU layer j (of n) goes to the first device whose cumulative share
+    exceeds j/n (-ts, default proportional to memory); returns how many each device gets."""
+    if len(shares) == 1:
+        return [n]
+    total = sum(shares)
+    counts, acc, prev = [], 0.0, 0
+    for x in shares[:-1]:
+        acc += x / total
+        upto = min(n, math.ceil(acc * n - 1e-9))  # layers j with j/n < cumulative share
+        counts.append(upto - prev)
+        prev = upto
+    counts.append(n - prev)
+    return counts
 
 
 def place(
@@ -249,7 +245,7 @@ def place(
         raise InvalidValueError(f"n_gpu_layers must be an integer >= 0 (at most {L + 1} for {model.name}), got {n_gpu_layers!r}")
     if n_cpu_moe < 0:
         raise InvalidValueError(f"n_cpu_moe must be >= 0, got {n_cpu_moe!r}")
-    lb = layer_bytes(model, quant)
+    pre = _prefix(model, resolve_quant(quant) if quant is not None else None)
     label = resolve_quant(quant).label if quant is not None else (model.file_type or "file")
     gpus = machine.gpus
     if cpu_moe:
@@ -261,28 +257,28 @@ def place(
     ctx = n_ctx if user_ctx else model.n_ctx_train
 
     def build(ngl: int, c: int) -> Placement:
-        return _build(model, machine, lb, label, c, kv_type, min(ngl, ngl_max), n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target_bytes, order)
+        return _build(model, machine, pre, label, c, kv_type, min(ngl, ngl_max), n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target_bytes, order)
 
     if n_gpu_layers is not None:
         p = build(n_gpu_layers, ctx)
-        if not user_ctx and not p.fits and p.gpus:
-            p = _shrink_ctx(build, n_gpu_layers, ctx, fit_ctx) or p
+        if not user_ctx and not _gpus_fit(p, fit_target_bytes) and p.gpus:
+            p = _shrink_ctx(build, n_gpu_layers, ctx, fit_ctx, fit_target_bytes) or p
         return p
     # --fit: full offload at the largest context that fits, else shrink layers
     best = build(ngl_max, ctx)
     ctx_reduced = False
-    if not best.fits and not user_ctx:
-        shrunk = _shrink_ctx(build, ngl_max, ctx, fit_ctx)
+    if not _gpus_fit(best, fit_target_bytes) and not user_ctx:
+        shrunk = _shrink_ctx(build, ngl_max, ctx, fit_ctx, fit_target_bytes)
         if shrunk is not None:
             best, ctx_reduced = shrunk, True
         else:
             ctx, ctx_reduced = min(ctx, fit_ctx), ctx > fit_ctx
             best = build(ngl_max, ctx)
-    if not best.fits and gpus:
+    if not _gpus_fit(best, fit_target_bytes) and gpus:
         lo, hi = 0, ngl_max  # largest ngl whose GPUs fit: use is monotone in ngl
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if all(d.free_bytes >= fit_target_bytes for d in build(mid, ctx).gpus):
+            if _gpus_fit(build(mid, ctx), fit_target_bytes):
                 lo = mid
             else:
                 hi = mid - 1
@@ -290,14 +286,18 @@ def place(
     return _replace(best, auto=True, ctx_reduced=ctx_reduced)
 
 
-def _shrink_ctx(build, ngl: int, ctx: int, fit_ctx: int) -> Placement | None:
+def _gpus_fit(p: Placement, fit_target: float) -> bool:
+    return all(d.free_bytes >= fit_target for d in p.gpus)
+
+
+def _shrink_ctx(build, ngl: int, ctx: int, fit_ctx: int, fit_target: float) -> Placement | None:
     """Largest context (multiple of 256, >= fit_ctx) at which ngl layers fit, if any."""
     lo, hi = fit_ctx // 256, ctx // 256
-    if lo > hi or not build(ngl, lo * 256).fits:
+    if lo > hi or not _gpus_fit(build(ngl, lo * 256), fit_target):
         return None
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if build(ngl, mid * 256).fits:
+        if _gpus_fit(build(ngl, mid * 256), fit_target):
             lo = mid
         else:
             hi = mid - 1
@@ -310,76 +310,89 @@ def _replace(p: Placement, **kw) -> Placement:
     return replace(p, **kw)
 
 
-def _build(model, machine, lb: LayerBytes, label, n_ctx, kv_type, ngl, n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target, order) -> Placement:
+def _build(model, machine, pre: _Prefix, label, n_ctx, kv_type, ngl, n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target, order) -> Placement:
     L = model.n_layers
     gpus = machine.gpus
-    kvl = _kv_layers(model, n_ctx, kv_type, n_seq)
     n_dev = 1 + len(gpus)
-    # device index per layer 0..L (L = output head); 0 = host
-    if order == "lesson":
-        gpu_layers = list(range(min(ngl, L))) + ([L] if ngl > L else [])
+    b_kv = kv_bytes_per_value(kv_type)
+    swa_cells = swa_cache_tokens(model, n_ctx, n_seq, n_ubatch) if model.swa_layers else n_ctx
+    # llama.cpp's layers 0 … L (L = the output head) that go to GPUs, as one contiguous range
+    if not gpus or ngl <= 0:
+        lo = hi = 0
+        out_on_gpu = False
+    elif order == "lesson":
+        lo, hi, out_on_gpu = 0, min(ngl, L), ngl > L
     else:
-        gpu_layers = list(range(max(L + 1 - ngl, 0), L + 1))  # i_gpu_start = n_layers + 1 - ngl
-    dev_of = [0] * (L + 1)
-    if gpus and ngl > 0:
+        lo, hi, out_on_gpu = max(L + 1 - ngl, 0), L, True  # i_gpu_start = n_layers + 1 - ngl
+    n_gpu_layers_total = (hi - lo) + out_on_gpu
+    # block ranges per device: host gets the rest, GPUs split the range by their shares
+    ranges: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]
+    ranges[0] = [(0, lo), (hi, L)]
+    d_out = 0
+    if n_gpu_layers_total:
         share = list(tensor_split) if tensor_split else [g.memory_gb for g in gpus]
-        if len(share) != len(gpus) or any(s < 0 for s in share) or sum(share) <= 0:
+        if len(share) != len(gpus) or any(x < 0 for x in share) or sum(share) <= 0:
             raise InvalidValueError(f"tensor_split {tensor_split!r} must have {len(gpus)} non-negative entries with a positive sum")
-        split = _split_points(share, len(gpu_layers))
-        for j, il in enumerate(gpu_layers):
-            dev_of[il] = 1 + split[j]
-    w = [0.0] * n_dev
-    kv = [0.0] * n_dev
-    dec = [0.0] * n_dev
-    exb = [0.0] * n_dev
-    kv_full = [0.0] * n_dev
-    kv_swa = [0.0] * n_dev
-    flops = [0.0] * n_dev
-    attn = [0.0] * n_dev
-    nblk = [0] * n_dev
-    w[0] += lb.token_embd  # input embeddings stay on the host; decode reads one row (negligible)
-    for i in range(L):
-        d = dev_of[i]
-        blk, exp = lb.block[i], lb.block_expert[i]
-        de = 0 if (exp and i < n_cpu_moe) else d  # -ot exps=CPU: this block's experts stay on the host
-        w[d] += blk - exp
-        dec[d] += blk - exp
-        w[de] += exp
-        exb[de] += exp
-        flops[d] += 2.0 * lb.block_flops[i]  # one multiply and one add per weight touched
-        kd = 0 if no_kv_offload else d
-        kv[kd] += kvl.bytes_[i]
-        kv_full[kd] += kvl.full_per_tok[i]
-        kv_swa[kd] += kvl.swa_per_tok[i]
-        attn[kd] += _attn_flops_per_ctx(model, i)
-        nblk[d] += 1
-    d_out = dev_of[L]
-    w[d_out] += lb.output
-    dec[d_out] += lb.output
-    flops[d_out] += 2.0 * lb.output_params
-    cb = [0.0] * n_dev
-    for d in range(n_dev):
-        if d == 0 or nblk[d] or d_out == d:
-            # logits live where the output matmul runs; with op offload a CPU-resident output
-            # head's prompt-batch matmul runs on the first GPU, so that GPU reserves them too
-            cb[d] = compute_buffer_bytes(model, n_ubatch, with_output=(d == d_out or (d == 1 and d_out == 0)))
-    devs = []
+        counts = _split_counts(share, n_gpu_layers_total)
+        start = lo
+        for g, count in enumerate(counts):
+            blocks = min(count, hi - start)
+            ranges[1 + g].append((start, start + blocks))
+            start += blocks
+        if out_on_gpu:  # the output layer is the last GPU layer
+            d_out = 1 + max(g for g, c in enumerate(counts) if c)
+    devs: list[DeviceUse | None] = [None] * n_dev
+    held_back = 0.0  # routed experts of GPU blocks kept in host memory (--n-cpu-moe)
+    for d in [*range(1, n_dev), 0]:  # GPUs first: the host also takes what they hold back
+        w = dense = exp = act = kvf = kvs = att = 0.0
+        nblk = 0
+        for a, b in ranges[d]:
+            if b <= a:
+                continue
+            nblk += b - a
+            blk = pre.block[b] - pre.block[a]
+            ex = pre.expert[b] - pre.expert[a]
+            if d != 0 and n_cpu_moe > a:  # -ot exps=CPU: experts of blocks < n_cpu_moe stay on the host
+                moved = pre.expert[min(b, n_cpu_moe)] - pre.expert[a]
+                ex -= moved
+                blk -= moved
+                held_back += moved
+            w += blk
+            dense += blk - ex
+            exp += ex
+            act += pre.active_params[b] - pre.active_params[a]
+            if not no_kv_offload or d == 0:
+                kvf += pre.kv_full[b] - pre.kv_full[a]
+                kvs += pre.kv_swa[b] - pre.kv_swa[a]
+                att += pre.attn_flops[b] - pre.attn_flops[a]
+        if d == 0:
+            w += pre.token_embd + held_back  # input embeddings stay on the host; decode reads one row (negligible)
+            exp += held_back
+            if no_kv_offload:  # -nkvo: every block's cache stays in RAM
+                kvf, kvs, att = pre.kv_full[L], pre.kv_swa[L], pre.attn_flops[L]
+        flops = 2.0 * act  # one multiply and one add per weight touched
+        if d == d_out:
+            w += pre.output
+            dense += pre.output
+            flops += 2.0 * pre.output_params
+        kv_bytes = (kvf * n_ctx + kvs * swa_cells) * b_kv  # values per token x cells x bytes per value
+        has_work = d == 0 or nblk or d == d_out
+        # logits live where the output matmul runs; with op offload a CPU-resident output head's
+        # prompt-batch matmul runs on the first GPU, so that GPU reserves them too
+        cb = compute_buffer_bytes(model, n_ubatch, with_output=(d == d_out or (d == 1 and d_out == 0))) if has_work else 0.0
+        if d == 0:
+            devs[0] = (DeviceUse(machine.ram.name, "cpu", machine.ram.memory_gb * GB, w, kv_bytes, cb, nblk, d_out == 0,
+                                  dense, exp, kvf * b_kv, kvs * b_kv, flops, att))
+        else:
+            g = gpus[d - 1]
+            devs[d] = (DeviceUse(g.name, "gpu", gpu_capacity_bytes(g, machine), w, kv_bytes, cb, nblk, d_out == d,
+                                  dense, exp, kvf * b_kv, kvs * b_kv, flops, att))
+    reasons = [f"{d.name} needs {d.total_bytes / GB:.2f} GB but has {d.capacity_bytes / GB:.2f} GB "
+               f"(keeping a {fit_target / MiB:.0f} MiB margin)" for d in devs[1:] if d.free_bytes < fit_target]
     host_cap = machine.ram.memory_gb * GB
-    devs.append(DeviceUse(machine.ram.name, "cpu", host_cap, w[0], kv[0], cb[0], nblk[0], d_out == 0,
-                          dec[0], exb[0], kv_full[0], kv_swa[0], flops[0], attn[0]))
-    for k, g in enumerate(gpus, start=1):
-        devs.append(DeviceUse(g.name, "gpu", gpu_capacity_bytes(g, machine), w[k], kv[k], cb[k], nblk[k], d_out == k,
-                              dec[k], exb[k], kv_full[k], kv_swa[k], flops[k], attn[k]))
-    reasons = []
-    for d in devs[1:]:
-        if d.free_bytes < fit_target:
-            reasons.append(f"{d.name} needs {d.total_bytes / GB:.2f} GB but has {d.capacity_bytes / GB:.2f} GB "
-                           f"(keeping a {fit_target / MiB:.0f} MiB margin)")
-    host_need = devs[0].total_bytes
-    notes = []
-    if machine.unified:
-        host_need = sum(d.total_bytes for d in devs)
+    host_need = sum(d.total_bytes for d in devs) if machine.unified else devs[0].total_bytes
     if host_need > host_cap:
-        notes.append(f"host memory holds {host_need / GB:.1f} GB of {host_cap / GB:.1f} GB: the OS will page weights from disk (mmap)")
+        reasons.append(f"host memory needs {host_need / GB:.2f} GB but has {host_cap / GB:.2f} GB "
+                       "(with mmap llama.cpp still starts, paging weights from disk at drive speed)")
     return Placement(model, machine, label, n_ctx, kv_type, ngl, tuple(devs), not reasons, "; ".join(reasons),
-                     unified=machine.unified, notes=tuple(notes))
+                     unified=machine.unified)

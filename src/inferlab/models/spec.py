@@ -7,7 +7,7 @@ tensor plan then uses instead of the llama-quantize rules.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ..errors import ConfigError
 
@@ -92,6 +92,14 @@ class ModelSpec:
             raise ConfigError(f"{self.name!r}: swa_layers has {len(self.swa_layers)} entries for {self.n_layers} layers")
         if self.n_experts and not (0 < self.n_experts_used <= self.n_experts and self.d_ff_expert > 0):
             raise ConfigError(f"{self.name!r}: MoE needs 0 < n_experts_used <= n_experts and d_ff_expert > 0")
+
+    def __hash__(self) -> int:
+        # specs key many caches (plans, KV tables); hash the fields once, not on every lookup
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     # --- derived sizes -------------------------------------------------------------------
     @property
