@@ -1,0 +1,65 @@
+"""`inferlab fit / models / machines` through the real entry point (a subprocess)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "inferlab", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_fit_json_agrees_with_the_library():
+    from inferlab.calibration import CALIBRATED
+    from inferlab.hardware.catalog import MACHINES
+    from inferlab.models.catalog import MODELS
+    from inferlab.placement import place
+    from inferlab.speed import decode_step_time
+
+    r = run("fit", "qwen2.5-32b", "--on", "rtx4060ti", "--ctx", "8192", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    p = place(MODELS["qwen2.5-32b"], MACHINES["rtx4060ti"], "Q4_K_M", 8192)
+    assert out["n_gpu_layers"] == p.n_gpu_layers and out["fits"] == p.fits
+    d = decode_step_time(p, MACHINES["rtx4060ti"], out["decode"]["context"], 1, CALIBRATED())
+    assert out["decode"]["tok_per_s"] == pytest.approx(d["tok_per_s"])
+    assert out["decode"]["cpu_share"] > 0.5 and "partial offload" in out["decode"]["bottleneck"]
+    assert sum(x["weights_bytes"] for x in out["devices"]) == pytest.approx(out["weights_bytes"])
+
+
+def test_fit_human_output_names_the_placement():
+    r = run("fit", "llama-3.1-8b", "--on", "rtx4090", "--ctx", "8192", "--speed", "lesson")
+    assert r.returncode == 0, r.stderr
+    assert "fits" in r.stdout and "-ngl 33/33" in r.stdout and "tok/s" in r.stdout and "RTX 4090" in r.stdout
+
+
+def test_quant_preset_versus_bare_type_on_the_command_line():
+    a = json.loads(run("fit", "llama-3.1-8b", "--on", "rtx4090", "--quant", "Q2_K", "--ctx", "4096", "--json").stdout)
+    b = json.loads(run("fit", "llama-3.1-8b", "--on", "rtx4090", "--quant", "type:Q2_K", "--ctx", "4096", "--json").stdout)
+    assert "preset" in a["quant"] and "preset" not in b["quant"]
+    assert a["weights_bytes"] > b["weights_bytes"] * 1.1  # the preset is a mix: 3.18 GB vs 2.64 GB
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("fit", "llama-3.1-8bb", "--on", "rtx4090"), "llama-3.1-8b"),
+    (("fit", "llama-3.1-8b", "--on", "rtx4909"), "rtx4090"),
+    (("fit", "llama-3.1-8b", "--on", "rtx4090", "--quant", "Q4_K_MM"), "Q4_K_M"),
+    (("fit", "llama-3.1-8b", "--on", "rtx4090", "--kv", "q9_0"), "q8_0"),
+    (("fit", "llama-3.1-8b", "--on", "rtx4090", "--ctx", "0"), "n_ctx"),
+    (("fit", "llama-3.1-8b", "--on", "rtx4090", "--ctx", "-4096"), "n_ctx"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    r = run(*args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_catalog_listings():
+    models = json.loads(run("models", "--json").stdout)
+    machines = json.loads(run("machines", "--json").stdout)
+    assert len(models) >= 30 and len(machines) >= 25
+    assert all(m["source"].startswith("https://huggingface.co/") for m in models)
+    assert all(m["source"] for m in machines)

@@ -1,0 +1,38 @@
+"""The calibrated model, fitted on the llama-bench dev file, evaluated against it."""
+
+import statistics
+
+from inferlab.calibration import CALIBRATED, dev_rows, fitted_constants, llama_bench, validation_table
+from inferlab.hardware.catalog import MACHINES
+from inferlab.models.catalog import MODELS
+from inferlab.speed import LESSON
+
+
+def _median_err(table, backend, key):
+    return statistics.median(abs(r[key]) for r in table if r["backend"] == backend and r[key] is not None)
+
+
+def test_fit_covers_the_dev_backends_with_physical_constants():
+    k = fitted_constants()
+    assert set(k) == {r["backend"] for r in dev_rows()} == {"cuda", "metal", "vulkan"}
+    for b, v in k.items():
+        assert 0.4 <= v["eta"] <= 0.9, b  # no kernel streams above 90 % of peak
+        assert 0 <= v["layer_overhead_s"] < 1e-3, b
+        assert 0.05 < v["eps"] <= 1.0, b
+
+
+def test_calibrated_beats_the_lesson_on_apple_and_is_close():
+    cal, les = validation_table(CALIBRATED()), validation_table(LESSON)
+    for key in ("tg_err", "pp_err"):
+        assert _median_err(cal, "metal", key) < _median_err(les, "metal", key)
+    assert _median_err(cal, "metal", "tg_err") < 0.08  # 51 Apple rows: median decode error under 8 %
+    assert _median_err(cal, "cuda", "tg_err") < 0.2
+
+
+def test_llama_bench_shape_and_published_rtx4090():
+    r = llama_bench(MODELS["llama-2-7b"], "preset:Q4_0", MACHINES["rtx4090"])
+    assert set(r) >= {"pp", "tg"}
+    # published llama-bench (discussion #15013): 186-189 t/s tg128, 12-15k t/s pp512 for Llama 2 7B Q4_0
+    assert 150 < r["tg"] < 230 and 8000 < r["pp"] < 18000
+    # prompt processing is one to two orders of magnitude faster than generation (the lesson's pitfall 3)
+    assert 10 < r["pp"] / r["tg"] < 200
