@@ -12,9 +12,10 @@ from ..errors import InferlabError
 
 # module name under inferlab.cli -> the click command objects it exports (attribute names)
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
-    # "fit": ("fit", "models", "machines"),  (registered once written)
+    "fit": ("fit", "models", "machines"),
     "machine": ("machine", "calibrate", "validate"),
     "gguf_plan": ("gguf_plan",),
+    "run": ("run", "profile"),
 }
 
 

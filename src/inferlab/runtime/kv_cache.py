@@ -131,13 +131,14 @@ class PagedKVCache(KVCache):
     """vLLM-style paging: a pool of fixed-size blocks shared by the batch, a block table per
     sequence mapping logical block i to a physical block, and a free list.
 
-    Blocks are handed out from the free list in pop order, so a sequence's blocks are not
-    contiguous in the pool; attention gathers the keys through the block table.
+    The free list starts in a seeded random order (as a long-running server's list is after
+    many frees), so a sequence's blocks are scattered through the pool and attention really
+    reads through the block table (gathering the slots of each position).
     """
 
     kind = "paged"
 
-    def __init__(self, *args, block_size: int = 16, num_blocks: int | None = None):
+    def __init__(self, *args, block_size: int = 16, num_blocks: int | None = None, shuffle_seed: int | None = 0):
         import torch
 
         super().__init__(*args)
@@ -149,8 +150,11 @@ class PagedKVCache(KVCache):
         shape = (self.n_layers, self.num_blocks * block_size, self.n_kv_heads, self.head_dim)
         self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        # interleave the sequences' allocations: sequence b's blocks are strided through the pool
         self.free_blocks = list(range(self.num_blocks - 1, -1, -1))
+        if shuffle_seed is not None:
+            import random
+
+            random.Random(shuffle_seed).shuffle(self.free_blocks)
         self.block_tables: list[list[int]] = [[] for _ in range(self.batch)]
         self._slots = None  # (batch, seq_len + T) slot of every position, rebuilt by reserve()
         self._new_slots = None
