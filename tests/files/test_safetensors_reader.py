@@ -188,12 +188,14 @@ def test_safetensors_lengths(tmp_path):
     ('{"model_type": "bert", "num_hidden_layers": 2}', ConfigError, "'bert' is not supported"),
     (json.dumps({**LLAMA, "hidden_size": -64}), ConfigError, "positive integer"),
     (json.dumps({**LLAMA, "quantization_config": "awq"}), ConfigError, "quantization_config must be an object"),
+    (json.dumps({**LLAMA, "rope_scaling": "llama3"}), ConfigError, "malformed config"),
+    (json.dumps({**LLAMA, "model_type": "gemma3_text", "sliding_window": 64, "sliding_window_pattern": "x"}), ConfigError, "malformed config"),
 ])
 def test_malformed_config_json(tmp_path, text, error, fragment):
     (tmp_path / "config.json").write_text(text)
     with pytest.raises(error) as exc:
         model_from_hf_folder(tmp_path)
-    assert fragment in str(exc.value)
+    assert fragment in str(exc.value) and str(tmp_path / "config.json") in str(exc.value)
 
 
 def test_bad_index_and_missing_config(tmp_path):
@@ -205,3 +207,44 @@ def test_bad_index_and_missing_config(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": [1]}))
     with pytest.raises(FileFormatError, match="weight_map"):
         read_checkpoint(tmp_path)
+
+
+def test_fuzz_safetensors_and_config(tmp_path):
+    """Hundreds of mutated and truncated headers and configs: valid, or a typed error; never a crash."""
+    import random
+    import tracemalloc
+
+    from inferlab.errors import InferlabError
+
+    rng = random.Random(7)
+    arrays = hf_llama_tensors(LLAMA)
+    st_numpy.save_file(arrays, str(tmp_path / "model.safetensors"))
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (n_header,) = struct.unpack("<Q", data[:8])
+    config = json.dumps(LLAMA).encode()
+    folder = tmp_path / "m"
+    folder.mkdir()
+    errors = 0
+    for i in range(600):
+        blob = bytearray(data)
+        if i % 3 == 0:
+            blob = blob[: rng.randrange(8 + n_header + 64)]
+        else:
+            for _ in range(rng.randint(1, 6)):
+                blob[rng.randrange(8 + n_header)] = rng.randrange(256)
+        cfg = bytearray(config)
+        for _ in range(rng.randint(0, 3)):
+            cfg[rng.randrange(len(cfg))] = rng.choice(b'{}[]",:0123456789-e. x')
+        (folder / "model.safetensors").write_bytes(bytes(blob))
+        (folder / "config.json").write_bytes(bytes(cfg))
+        tracemalloc.start()
+        try:
+            model_from_hf_folder(folder)
+        except InferlabError as exc:
+            errors += 1
+            assert str(folder) in str(exc), str(exc)  # every message names the file
+        finally:
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+        assert peak < 8 * 2**20
+    assert errors > 300

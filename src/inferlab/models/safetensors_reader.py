@@ -211,7 +211,7 @@ def quantization_summary(config: Mapping[str, Any]) -> dict[str, Any] | None:
     if qc is None:
         return None
     if not isinstance(qc, Mapping):
-        raise ConfigError(f"config.json: quantization_config must be an object, got {type(qc).__name__}")
+        raise ConfigError(f"quantization_config must be an object, got {type(qc).__name__}")
     method = str(qc.get("quant_method", "unknown")).lower()
     bits, group = qc.get("bits"), qc.get("group_size")
     fmt = qc.get("format") or qc.get("fmt") or qc.get("version")
@@ -252,9 +252,18 @@ def model_from_hf_folder(path: str | os.PathLike, *, name: str | None = None, hf
     if hf_id:
         config = {**config, "_name_or_path": hf_id}
     label = name or hf_id or config.get("_name_or_path") or folder.name
-    spec = model_from_hf_config(config, name=str(label), source=f"config.json of {folder}")
+    try:
+        spec = model_from_hf_config(config, name=str(label), source=f"config.json of {folder}")
+    except ConfigError as exc:  # say which file
+        raise ConfigError(f"{config_path}: {exc}") from None
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:  # a field of the wrong JSON type
+        raise ConfigError(f"{config_path}: malformed config ({type(exc).__name__}: {exc}); is a field of the wrong type?") from None
     checkpoint = read_checkpoint(folder)
-    extra: dict[str, Any] = {"config_path": str(config_path), "quantization": quantization_summary(config)}
+    try:
+        quantization = quantization_summary(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{config_path}: {exc}") from None
+    extra: dict[str, Any] = {"config_path": str(config_path), "quantization": quantization}
     if checkpoint is not None:
         extra.update(
             checkpoint=checkpoint,
