@@ -11,6 +11,7 @@ block (unless ``-nkvo``). ``--fit`` (on by default) picks the largest ``ngl`` th
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -276,6 +277,10 @@ def place(
             best = build(ngl_max, ctx)
     if not _gpus_fit(best, fit_target_bytes) and gpus:
         lo, hi = 0, ngl_max  # largest ngl whose GPUs fit: use is monotone in ngl
+        if len(gpus) == 1 and not n_cpu_moe and not no_kv_offload:
+            # one GPU: read the answer off the cached curve of GPU bytes against ngl
+            curve = _gpu_curve(model, pre, ctx, kv_type, n_seq, n_ubatch, order)
+            lo = hi = max(0, bisect.bisect_right(curve, gpu_capacity_bytes(gpus[0], machine) - fit_target_bytes) - 1)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if _gpus_fit(build(mid, ctx), fit_target_bytes):
@@ -284,6 +289,28 @@ def place(
                 hi = mid - 1
         best = build(lo, ctx)
     return _replace(best, auto=True, ctx_reduced=ctx_reduced)
+
+
+@lru_cache(maxsize=8192)
+def _gpu_curve(model: ModelSpec, pre: _Prefix, n_ctx: int, kv_type: str, n_seq: int, n_ubatch: int, order: str) -> tuple[float, ...]:
+    """Bytes on a single GPU for ngl = 0 … n_layers + 1 (non-decreasing), as _build counts them."""
+    L = model.n_layers
+    b_kv = kv_bytes_per_value(kv_type)
+    swa_cells = swa_cache_tokens(model, n_ctx, n_seq, n_ubatch) if model.swa_layers else n_ctx
+
+    def blocks(a: int, b: int) -> float:  # weights and KV of blocks a … b-1
+        kv = ((pre.kv_full[b] - pre.kv_full[a]) * n_ctx + (pre.kv_swa[b] - pre.kv_swa[a]) * swa_cells) * b_kv
+        return pre.block[b] - pre.block[a] + kv
+
+    curve = [0.0]
+    for ngl in range(1, L + 2):
+        if order == "lesson":
+            lo, hi, out = 0, min(ngl, L), ngl > L
+        else:
+            lo, hi, out = max(L + 1 - ngl, 0), L, True
+        # the first GPU reserves the logits either way (its own output head, or op offload)
+        curve.append(blocks(lo, hi) + (pre.output if out else 0.0) + compute_buffer_bytes(model, n_ubatch, True))
+    return tuple(curve)
 
 
 def _gpus_fit(p: Placement, fit_target: float) -> bool:

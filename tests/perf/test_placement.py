@@ -103,3 +103,18 @@ def test_bad_input():
         MACHINES["rtx4909"]
     with pytest.raises(InvalidValueError, match="order"):
         place(m, mc, Q, 4096, order="random")
+
+
+def test_fit_equals_brute_force_search():
+    # --fit's answer (read off a cached curve for one GPU) is the largest ngl whose GPU fits
+    from inferlab.placement import _gpus_fit
+
+    for key in ("qwen2.5-32b", "gemma-3-27b", "mixtral-8x7b", "deepseek-v2-lite", "gpt-oss-20b"):
+        m = MODELS[key]
+        for mc_key in ("rtx3060", "rtx4090", "m1pro"):
+            mc = MACHINES[mc_key]
+            for order in ("llama.cpp", "lesson"):
+                auto = place(m, mc, Q, 16384, order=order)
+                brute = max(n for n in range(m.n_layers + 2)
+                            if n == 0 or _gpus_fit(place(m, mc, Q, 16384, n_gpu_layers=n, order=order), FIT_TARGET_BYTES))
+                assert auto.n_gpu_layers == brute, (key, mc_key, order)
