@@ -73,9 +73,10 @@ def _from_path(path: Path, *, hf_id: str = "", tag: str | None = None) -> ModelS
 
 
 def _model_ggufs(folder: Path) -> list[Path]:
-    """The GGUF models in a folder (and its subfolders, as GGUF repos nest quants), one per split set, no projectors."""
+    """The GGUF models in a folder and its direct subfolders (GGUF repos nest split quants one level
+    down), one per split set, no projectors."""
     out = []
-    for g in sorted(folder.rglob("*.gguf")):
+    for g in sorted([*folder.glob("*.gguf"), *folder.glob("*/*.gguf")]):
         if "mmproj" in g.name.lower():
             continue
         m = _SPLIT_PART.search(g.name)
@@ -118,4 +119,4 @@ def _snapshot(repo_dir: Path) -> Path | None:
 
 
 def _usable(snapshot: Path) -> bool:
-    return (snapshot / "config.json").is_file() or any(snapshot.rglob("*.gguf"))
+    return (snapshot / "config.json").is_file() or bool(_model_ggufs(snapshot))
