@@ -85,6 +85,14 @@ def test_hf_cache_gguf_repo_with_tag(kit, tmp_path, monkeypatch):
         load_model("acme/tiny-GGUF")  # no refs/main: the snapshot is found anyway
     with pytest.raises(InvalidValueError, match="no GGUF matching 'Q4_K_M'"):
         load_model("acme/tiny-GGUF:Q4_K_M")
+    # a split quant in its own subfolder, as large GGUF repos lay them out
+    kit.write_spec_gguf(spec, tmp_path / "tiny-BIG.gguf", split_max_tensors=15)
+    parts = sorted(tmp_path.glob("tiny-BIG-*-of-*.gguf"))
+    for part in parts:
+        _cache_file(repo, "feed", f"BIG/{part.name}", part.read_bytes())
+    got = load_model("acme/tiny-GGUF:BIG")
+    assert len(got.extra["split_files"]) == len(parts) > 1
+    assert got.extra["tensor_bytes"] == load_model("acme/tiny-GGUF:F16").extra["tensor_bytes"]
 
 
 def test_uncached_id_says_where_it_looked(tmp_path, monkeypatch):
