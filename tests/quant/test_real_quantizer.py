@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.models.gguf_writer import quantize_gguf, write_gguf
+from inferlab.errors import FileFormatError
+from inferlab.models.gguf_writer import quantize_gguf, uniform_imatrix, write_gguf
+from inferlab.models.inventory import tensor_inventory
 from inferlab.models.spec import ModelSpec
 from inferlab.quant.plan import tensor_plan
 from inferlab.quant.presets import Preset, presets
+from inferlab.quant.rules import requires_imatrix
 
 llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
@@ -85,3 +88,45 @@ def test_written_model_runs_in_llama_cpp(sources):
         assert len(llm.scores[len(tokens) - 1]) == SPECS["gqa"].vocab_size
     finally:
         llm.close()
+
+
+# the other presets, on a smaller model (IQ quantizers are slow); those made with an importance
+# matrix get a neutral one (uniform_imatrix): the matrix changes values, not the rules' choices
+# beyond the documented imatrix rules, which Preset(imatrix=True) plans
+SMALL = ModelSpec(name="small GQA", arch="llama", n_layers=16, d_model=256, n_heads=8, n_kv_heads=2,
+                  head_dim=32, d_ff=640, vocab_size=320, n_ctx_train=2048)
+SMALL_MHA = ModelSpec(name="small MHA", arch="llama", n_layers=16, d_model=256, n_heads=4, n_kv_heads=4,
+                      head_dim=64, d_ff=512, vocab_size=320, n_ctx_train=2048)
+MORE = [
+    ("F16", None), ("BF16", None), ("Q5_0", None), ("Q5_1", None), ("Q4_1", None), ("Q3_K_S", None),
+    ("Q3_K_L", None), ("Q4_K_S", None), ("Q5_K_S", None), ("IQ4_NL", None), ("IQ4_XS", False),
+    ("IQ4_XS", True), ("Q4_0", True), ("IQ3_M", None), ("IQ3_S", None), ("IQ3_XS", True), ("IQ3_XXS", True),
+    ("IQ3_XXS", False), ("IQ2_M", True), ("IQ2_S", True), ("IQ2_XS", True), ("IQ2_XXS", True), ("IQ1_M", True),
+    ("IQ1_S", True), ("Q2_K_S", True), ("TQ1_0", None), ("TQ2_0", None),
+]
+
+
+@pytest.fixture(scope="module")
+def small_sources(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf-small")
+    return {"gqa": write_gguf(SMALL, d / "small-gqa.gguf", seed=7), "mha": write_gguf(SMALL_MHA, d / "small-mha.gguf", seed=8)}
+
+
+@pytest.mark.parametrize("preset,imatrix", MORE, ids=[f"{p}-{'imatrix' if i else 'static'}" for p, i in MORE])
+@pytest.mark.parametrize("model", ["gqa", "mha"])
+def test_more_presets_match_llama_quantize(small_sources, tmp_path, model, preset, imatrix):
+    spec = SMALL if model == "gqa" else SMALL_MHA
+    src = small_sources[model]
+    q = Preset(preset, imatrix=imatrix)
+    if preset == "IQ3_XXS" and imatrix is False:
+        # the plan says this file needs an imatrix, and llama.cpp refuses to make it without one
+        plan = tensor_plan(spec, q)
+        assert requires_imatrix(tensor_inventory(spec), [e.ggml_type for e in plan], preset)
+        with pytest.raises(FileFormatError):
+            quantize_gguf(src, tmp_path / "q.gguf", q)
+        return
+    dst = quantize_gguf(src, tmp_path / "q.gguf", q, imatrix=uniform_imatrix(src) if imatrix else None)
+    real = _read(dst)
+    planned = {e.name: (e.ggml_type, e.n_bytes) for e in tensor_plan(spec, q)}
+    wrong = {n: (planned[n], real[n]) for n in real if planned.get(n) != real[n]}
+    assert set(planned) == set(real) and not wrong, f"{len(wrong)} differ (planned, llama.cpp): {dict(list(wrong.items())[:8])}"

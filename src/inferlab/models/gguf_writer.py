@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import FileFormatError, MissingDependencyError, NotSupportedError, check_positive
+from ..errors import FileFormatError, InvalidValueError, MissingDependencyError, NotSupportedError, check_positive
 from .inventory import tensor_inventory
 from .spec import ModelSpec
 
@@ -147,25 +147,30 @@ def _write_tokenizer(w, vocab_size: int) -> None:
 
 
 def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, preset, n_threads: int = 2, *,
-                  pure: bool = False) -> Path:
+                  pure: bool = False, imatrix: dict | None = None) -> Path:
     """Quantize ``src`` to ``dst`` with llama.cpp's llama_model_quantize (llama-cpp-python).
 
     preset: a llama-quantize preset name or a quant.presets.Preset (its output_type and
-    token_embd_type are passed on; an imatrix is not: presets that need one are refused here).
+    token_embd_type are passed on).
     pure: llama-quantize --pure (every quantizable tensor in the preset's base type).
+    imatrix: importance-matrix data, tensor name -> one float per column (ne[0] x experts), as
+    llama-imatrix writes it; ``uniform_imatrix(src)`` makes a neutral one. Presets that cannot be
+    made without an imatrix (IQ1/IQ2/IQ3_XXS, IQ3_XS, Q2_K_S), and Preset(..., imatrix=True), need it.
     """
     try:
         import llama_cpp
     except ImportError:
         raise MissingDependencyError("llama-cpp-python", "quantizing with llama.cpp", extra="engine") from None
+    import ctypes
+
     from ..quant.presets import Preset, resolve_quant
     from ..quant.types import ggml_type
 
-    q = resolve_quant(preset if isinstance(preset, Preset) or not isinstance(preset, str) else "preset:" + preset)
+    q = resolve_quant(preset if not isinstance(preset, str) else "preset:" + preset)
     if not isinstance(q, Preset):
         raise NotSupportedError(f"quantize_gguf needs a llama-quantize preset, got {q.label}")
-    if q.imatrix:
-        raise NotSupportedError(f"{q.label} needs an importance matrix, which quantize_gguf does not pass to llama.cpp")
+    if q.imatrix and imatrix is None:
+        raise InvalidValueError(f"{q.label} is made with an importance matrix: pass imatrix= (uniform_imatrix(src) makes one)")
     check_positive("n_threads", n_threads)
     src, dst = Path(src), Path(dst)
     if not src.is_file():
@@ -178,7 +183,45 @@ def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, preset, n_thre
         params.output_tensor_type = ggml_type(q.output_type).type_id
     if q.token_embd_type:
         params.token_embedding_type = ggml_type(q.token_embd_type).type_id
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
+    keep = None
+    if imatrix is not None and q.imatrix is not False:
+        keep = _imatrix_array(imatrix)  # kept alive until llama.cpp returns
+        params.imatrix = ctypes.cast(keep[0], type(params.imatrix) if hasattr(type(params.imatrix), "contents") else ctypes.c_void_p)
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    del keep
     if rc != 0:
         raise FileFormatError(f"llama.cpp could not quantize {src} to {q.label} (llama_model_quantize returned {rc}; its log says why)")
     return dst
+
+
+def uniform_imatrix(path: str | os.PathLike) -> dict:
+    """A neutral importance matrix (every column weighted 1) for each quantizable tensor of a GGUF."""
+    gguf, np = _import_gguf()
+    from ..quant.rules import allows_quantization
+
+    out = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        shape = tuple(int(d) for d in t.shape)  # gguf-py lists ne[] order
+        if allows_quantization(t.name, shape):
+            experts = shape[2] if len(shape) > 2 else 1
+            out[t.name] = np.ones(shape[0] * experts, dtype=np.float32)
+    return out
+
+
+def _imatrix_array(imatrix: dict):
+    """A NULL-terminated C array of struct llama_model_imatrix_data {name, data, size}."""
+    import ctypes
+
+    class ImatrixData(ctypes.Structure):
+        _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.POINTER(ctypes.c_float)), ("size", ctypes.c_size_t)]
+
+    _, np = _import_gguf()
+    arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in imatrix.items()}
+    entries = (ImatrixData * (len(arrays) + 1))()
+    names = []
+    for e, (k, a) in zip(entries, arrays.items()):
+        names.append(k.encode())
+        e.name = names[-1]
+        e.data = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        e.size = a.size
+    return entries, arrays, names
