@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -31,11 +32,19 @@ def _int_list(name: str, text: str) -> list[int]:
     return values
 
 
-def _load(model_path: str, device: str, dtype: str, n_ctx: int | None):
+@functools.lru_cache(maxsize=2)  # one load per process (tests invoke the command many times)
+def _load_cached(model_path: str, mtime_ns: int, device: str, dtype: str, n_ctx: int | None):
     from ..runtime.device import select_device
     from ..runtime.llama import load_gguf
 
     return load_gguf(model_path, device=select_device(device), dtype=dtype, n_ctx=n_ctx)
+
+
+def _load(model_path: str, device: str, dtype: str, n_ctx: int | None):
+    if not os.path.isfile(model_path):
+        raise InvalidValueError(f"model file {model_path!r} does not exist")
+    path = os.path.abspath(model_path)
+    return _load_cached(path, os.stat(path).st_mtime_ns, device, dtype, n_ctx)
 
 
 _device_opt = click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")

@@ -1,0 +1,49 @@
+"""The runtime on a CUDA device: device selection, a cached generation equal to the CPU's, and
+peak memory from torch.cuda statistics."""
+
+import pytest
+import torch
+
+from inferlab.runtime.device import PeakMemory, select_device
+
+
+def needs_cuda(f):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")(f))
+
+
+@needs_cuda
+def test_auto_selects_cuda():
+    assert select_device("auto").type == "cuda"
+
+
+@needs_cuda
+def test_generation_on_gpu_matches_cpu(smollm, smollm_file):
+    from inferlab.runtime.case_study import measure_vram_mb
+    from inferlab.runtime.generate import generate
+    from inferlab.runtime.llama import load_gguf
+
+    cpu_model, tok = smollm
+    gpu_model, _ = load_gguf(smollm_file, device=select_device("cuda"), n_ctx=1024)
+    ids = tok.encode("The three primary colors are")
+    for cache in ("contiguous", "paged", "int8"):
+        assert generate(gpu_model, ids, 8, cache=cache).token_ids == generate(cpu_model, ids, 8, cache=cache).token_ids
+    vram = measure_vram_mb(gpu_model, batch_size=4, context_len=256, n_new_tokens=4)
+    assert "torch.cuda" in vram["source"]
+    # the cache (exact bytes) is part of the measured peak above the weights already resident
+    assert vram["peak_mb"] >= vram["model_mb"] + vram["cache_mb"]
+
+
+def test_cuda_request_without_gpu_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from inferlab.errors import NotSupportedError
+
+    with pytest.raises(NotSupportedError, match="no CUDA device"):
+        select_device("cuda")
+
+
+def test_cpu_peak_memory_sees_an_allocation():
+    with PeakMemory(torch.device("cpu")) as mem:
+        x = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        x += 1
+    assert mem.peak_bytes - mem.baseline_bytes >= 60 * 2**20
