@@ -1,0 +1,361 @@
+"""vLLM v1: the block pool with automatic prefix caching, and the v1 scheduler.
+
+Semantics (../shared/reference/kv_managers.md section 1, vllm 0.11.0 and 0.33.0):
+* a pool of ``capacity_tokens // block_size`` blocks; block 0 is the null block, never used;
+* chained block hashes over *full* blocks only; a block is registered in the hash map when it is
+  scheduled (``allocate_slots`` -> ``cache_blocks``), so a request admitted later in the same step
+  already hits it; decode blocks are registered as soon as they fill; no de-duplication;
+* lookup only for waiting requests, at most ``num_tokens - 1`` tokens (the last token is always
+  recomputed): an identical 32-token prompt hits 16 tokens;
+* free-block queue: allocation pops the head (evicting the block's hash lazily); a request frees
+  its blocks tail first; 0.11 appends every freed block at the tail, 0.33 puts unhashed blocks
+  at the head;
+* each step: running requests first (decodes and partial prefills, in admission order), then
+  waiting requests while budget (``max_num_batched_tokens``), ``max_num_seqs`` and blocks allow,
+  new requests chunked to the leftover budget, head-of-line blocking on allocation failure;
+* preemption by recompute of the most recently admitted request when a running request cannot
+  get a block; no admission in a step that preempted;
+* 0.33 only admits a waiting request if its whole prompt (minus hits) fits
+  (``scheduler_reserve_full_isl``) and records hit metrics at admission (0.11: at every lookup).
+
+Block hashes: the content key of a block inside one run of consecutive ids is
+``(key of the block before the run, first id of the run's first full block, offset)``; a block
+that spans runs hashes its explicit ids. Both are exact functions of the prefix, like vLLM's chain.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Any
+
+from ..errors import InvalidValueError, UnknownNameError
+from .simulator import InvariantError, KVManager, Seq, StepStats
+from .tokens import expand, slice_runs
+
+VLLM_VERSIONS = ("0.11", "0.33")
+NONE_HASH = hash(("vllm-none-hash",))
+
+
+def block_keys(runs, block_size: int) -> list[int]:
+    """Chained keys of every full block of a run list (see module docstring)."""
+    keys: list[int] = []
+    pos = 0
+    for start, n in runs:
+        end = pos + n
+        j = len(keys)  # next block to key
+        while (j + 1) * block_size <= end:
+            lo = j * block_size
+            if lo >= pos:  # a stretch of blocks fully inside this run
+                cnt = (end - lo) // block_size
+                anchor = keys[j - 1] if j else NONE_HASH
+                t0 = start + lo - pos
+                keys.extend([hash((anchor, t0, m)) for m in range(cnt)])
+                j += cnt
+            else:  # a block that began in an earlier run
+                parent = keys[j - 1] if j else NONE_HASH
+                keys.append(hash((parent, tuple(expand(slice_runs(runs, lo, lo + block_size))))))
+                j += 1
+        pos = end
+    return keys
+
+
+class PagedManager(KVManager):
+    """vLLM v1's KV-cache manager and scheduler (default: vLLM 0.33 behaviour)."""
+
+    engine = "vllm"
+    hit_rate_name = "prefix_cache_hit_rate"
+
+    def __init__(self, capacity_tokens: int, *, block_size: int = 16, max_num_batched_tokens: int = 2048,
+                 max_num_seqs: int = 256, enable_prefix_caching: bool = True, max_model_len: int | None = None,
+                 watermark: float = 0.0, version: str = "0.33"):
+        super().__init__(capacity_tokens)
+        if version not in VLLM_VERSIONS:
+            raise UnknownNameError("vLLM version", version, VLLM_VERSIONS)
+        for name, v in (("block_size", block_size), ("max_num_batched_tokens", max_num_batched_tokens),
+                        ("max_num_seqs", max_num_seqs)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidValueError(f"{name} must be an integer >= 1, got {v!r}")
+        num_blocks = capacity_tokens // block_size
+        if num_blocks < 2:
+            raise InvalidValueError(
+                f"capacity_tokens={capacity_tokens} gives {num_blocks} blocks of {block_size}; vLLM needs >= 2 "
+                f"(block 0 is the null block)")
+        if not 0.0 <= watermark < 1.0:
+            raise InvalidValueError(f"watermark must be in [0, 1), got {watermark!r}")
+        if version == "0.11" and watermark:
+            raise InvalidValueError("vLLM 0.11's v1 scheduler has no watermark; use version='0.33'")
+        self.block_size = block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.enable_prefix_caching = enable_prefix_caching
+        self.max_model_len = max_model_len
+        self.watermark = watermark
+        self.version = version
+        self.num_gpu_blocks = num_blocks
+        self.usable_blocks = num_blocks - 1  # block 0 = null block
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.ref = [0] * num_blocks
+        self.bhash: list[int | None] = [None] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self.num_hashed_free = 0  # free blocks that still carry a hash (reusable cache)
+        self.cached: dict[int, int] = {}  # block hash -> first block holding it
+        self.dups: dict[int, list[int]] = {}  # further blocks with the same hash (no dedup)
+        self.running: list[Seq] = []
+        self.waiting: deque[Seq] = deque()
+        self.queries = self.hits = 0
+        self.preempted_queries = self.preempted_hits = 0
+
+    # ---------------------------------------------------------------- config / accounting
+    def config(self) -> dict[str, Any]:
+        return {"engine": "vllm", "version": self.version, "capacity_tokens": self.capacity_tokens,
+                "block_size": self.block_size, "num_gpu_blocks": self.num_gpu_blocks,
+                "max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.max_num_seqs,
+                "enable_prefix_caching": self.enable_prefix_caching, "max_model_len": self.max_model_len,
+                "watermark": self.watermark}
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def kv_used_tokens(self) -> int:
+        return (self.usable_blocks - len(self.free)) * self.block_size
+
+    def kv_cached_tokens(self) -> int:
+        return self.num_hashed_free * self.block_size
+
+    def hit_rate(self) -> float | None:
+        return self.hits / self.queries if self.queries else None
+
+    # ---------------------------------------------------------------- block pool
+    def _keys(self, seq: Seq) -> list[int]:
+        keys = getattr(seq, "bkeys", None)
+        if keys is None:
+            keys = seq.bkeys = block_keys(seq.runs, self.block_size)
+        return keys
+
+    def _lookup(self, seq: Seq) -> list[int]:
+        """``get_computed_blocks``: hit blocks for a waiting request (at most num_tokens - 1 tokens)."""
+        if not self.enable_prefix_caching:
+            return []
+        keys = self._keys(seq)
+        n = (seq.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        cached = self.cached
+        for k in keys[:n]:
+            b = cached.get(k)
+            if b is None:
+                break
+            hits.append(b)
+        if self.version == "0.11":  # 0.11 records every lookup, retries included
+            self.queries += seq.num_tokens
+            self.hits += len(hits) * self.block_size
+        return hits
+
+    def _evict(self, b: int) -> None:
+        k = self.bhash[b]
+        self.bhash[b] = None
+        d = self.dups.get(k)
+        if self.cached.get(k) == b:
+            if d:
+                self.cached[k] = d.pop(0)
+            else:
+                del self.cached[k]
+        elif d is not None:
+            d.remove(b)
+        if d is not None and not d:
+            del self.dups[k]
+
+    def _allocate(self, seq: Seq, num_new: int, hits: list[int] = (), admitting: bool = False) -> bool:
+        """``allocate_slots``: reserve blocks for ``num_new`` more tokens; register full blocks."""
+        bs = self.block_size
+        total = seq.num_computed + len(hits) * bs + num_new
+        if self.max_model_len is not None:
+            total = min(total, self.max_model_len)
+        need = max(-(-total // bs) - len(seq.blocks) - len(hits), 0)
+        ref = self.ref
+        free_hits = sum(1 for b in hits if ref[b] == 0)
+        avail = len(self.free)
+        check = need
+        if admitting and self.version == "0.33":
+            check = max(-(-seq.num_tokens // bs) - len(hits), need)  # whole prompt must fit
+            if self.running:
+                avail -= self.watermark_blocks
+        if check + free_hits > avail:
+            return False
+        free, bhash = self.free, self.bhash
+        for b in hits:
+            if ref[b] == 0:
+                del free[b]
+                self.num_hashed_free -= 1
+            ref[b] += 1
+        blocks = seq.blocks
+        blocks.extend(hits)
+        for _ in range(need):
+            b = free.popitem(last=False)[0]
+            if bhash[b] is not None:
+                self.num_hashed_free -= 1
+                self._evict(b)
+            ref[b] = 1
+            blocks.append(b)
+        if self.enable_prefix_caching:
+            nfull = min(total, seq.num_tokens) // bs
+            if nfull > seq.num_cached_blocks:
+                keys = self._keys(seq)
+                cached, dups = self.cached, self.dups
+                for i in range(seq.num_cached_blocks, nfull):
+                    b = blocks[i]
+                    if bhash[b] is None:
+                        k = keys[i]
+                        bhash[b] = k
+                        if k in cached:
+                            dups.setdefault(k, []).append(b)
+                        else:
+                            cached[k] = b
+                seq.num_cached_blocks = nfull
+        return True
+
+    def _free_seq(self, seq: Seq) -> None:
+        ref, free, bhash = self.ref, self.free, self.bhash
+        head_unhashed = self.version == "0.33"
+        for b in reversed(seq.blocks):  # tail block first
+            ref[b] -= 1
+            if ref[b] == 0:
+                free[b] = None
+                if bhash[b] is None:
+                    if head_unhashed:
+                        free.move_to_end(b, last=False)
+                else:
+                    self.num_hashed_free += 1
+        seq.blocks = []
+        seq.num_cached_blocks = 0
+
+    # ---------------------------------------------------------------- scheduling
+    def add(self, seq: Seq, now: float) -> str | None:
+        bs = self.block_size
+        if self.max_model_len is not None and seq.prompt_len > self.max_model_len:
+            return f"prompt of {seq.prompt_len} tokens exceeds max_model_len={self.max_model_len}"
+        final = seq.prompt_len + seq.out_len - 1  # tokens with KV when the last token is sampled
+        if self.max_model_len is not None:
+            final = min(final, self.max_model_len)
+        if -(-final // bs) > self.usable_blocks:
+            return (f"needs {-(-final // bs)} KV blocks of {bs} tokens for {seq.prompt_len} prompt + "
+                    f"{seq.out_len} new tokens; the pool has {self.usable_blocks} usable blocks")
+        seq.blocks = []
+        seq.num_cached_blocks = 0
+        self.waiting.append(seq)
+        return None
+
+    def _preempt(self, victim: Seq) -> None:
+        self._free_seq(victim)
+        victim.num_computed = 0
+        victim.preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def _finish(self, seq: Seq, st: StepStats) -> None:
+        self._free_seq(seq)
+        st.finished.append(seq)
+
+    def step(self, now: float) -> StepStats:
+        st = StepStats()
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[Seq, int]] = []
+        preempted = False
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:  # running requests first
+            seq = running[i]
+            num_new = min(seq.num_tokens - seq.num_computed, budget)
+            if self.max_model_len is not None:
+                num_new = min(num_new, self.max_model_len - seq.num_computed)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self._allocate(seq, num_new):
+                victim = running.pop()  # the most recently admitted
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                scheduled.append((seq, num_new))
+                budget -= num_new
+                i += 1
+        waiting = self.waiting
+        while not preempted and waiting and budget > 0 and len(running) < self.max_num_seqs:
+            seq = waiting[0]
+            hits = self._lookup(seq)
+            hit_tokens = len(hits) * self.block_size
+            num_new = seq.num_tokens - hit_tokens
+            if num_new > budget:
+                num_new = budget  # chunked prefill: clip to the leftover budget
+            if not self._allocate(seq, num_new, hits, admitting=True):
+                break  # head-of-line blocking
+            waiting.popleft()
+            seq.num_computed = hit_tokens
+            running.append(seq)
+            if self.version == "0.33":
+                if seq.preemptions == 0:
+                    self.queries += seq.num_tokens
+                    self.hits += hit_tokens
+                else:
+                    self.preempted_queries += seq.num_tokens
+                    self.preempted_hits += hit_tokens
+            seq.note_first_admission(hit_tokens, now)
+            scheduled.append((seq, num_new))
+            budget -= num_new
+        st.num_running = len(running)
+        finished = []
+        for seq, num_new in scheduled:
+            decoding = seq.num_computed >= seq.prompt_len
+            if decoding and num_new == 1 and seq.num_output:
+                st.decode_tokens += 1
+            else:
+                st.prefill_tokens += num_new
+            st.context_tokens += seq.num_computed + num_new
+            done = self.advance(seq, num_new, st)
+            if (not done and self.max_model_len is not None and seq.num_computed >= self.max_model_len
+                    and seq.num_computed >= seq.num_tokens - 1):
+                seq.truncated = done = True
+            if done:
+                finished.append(seq)
+        if finished:
+            gone = set(map(id, finished))
+            self.running = [s for s in running if id(s) not in gone]
+            for seq in finished:
+                self._finish(seq, st)
+        return st
+
+    # ---------------------------------------------------------------- invariants
+    def check_invariants(self) -> None:
+        ref = self.ref
+        if any(r < 0 for r in ref):
+            raise InvariantError(f"vllm: negative ref_cnt at blocks {[b for b, r in enumerate(ref) if r < 0]}")
+        counts = [0] * self.num_gpu_blocks
+        for seq in self.running:
+            for b in seq.blocks:
+                counts[b] += 1
+        if counts != ref:
+            bad = [b for b in range(self.num_gpu_blocks) if counts[b] != ref[b]][:5]
+            raise InvariantError(f"vllm: ref_cnt disagrees with running block tables at blocks {bad}")
+        free_ids = set(self.free)
+        if 0 in free_ids or ref[0]:
+            raise InvariantError("vllm: the null block entered circulation")
+        in_use = {b for b in range(1, self.num_gpu_blocks) if ref[b] > 0}
+        if in_use & free_ids or len(in_use) + len(free_ids) != self.usable_blocks:
+            raise InvariantError("vllm: free queue and in-use blocks do not partition the pool")
+        if self.num_hashed_free != sum(1 for b in self.free if self.bhash[b] is not None):
+            raise InvariantError("vllm: hashed-free counter drifted")
+        for k, b in self.cached.items():
+            if self.bhash[b] != k:
+                raise InvariantError(f"vllm: hash map points at block {b} which holds another hash")
+
+    def check_drained(self) -> None:
+        self.check_invariants()
+        if self.running or self.waiting:
+            raise InvariantError(f"vllm: {len(self.running)} running / {len(self.waiting)} waiting left")
+        if len(self.free) != self.usable_blocks or any(self.ref):
+            raise InvariantError(f"vllm: {self.usable_blocks - len(self.free)} blocks leaked")

@@ -1,0 +1,111 @@
+"""vLLM v1 hand-worked cases; each expected figure is derived in a comment from vLLM's rules."""
+
+import pytest
+
+from inferlab.kv_managers import PagedManager, Request, simulate
+
+
+def ids(start, n):
+    return list(range(start, start + n))
+
+
+def by_id(run):
+    return {r.id: r for r in run.requests}
+
+
+def test_identical_32_token_prompt_hits_16():
+    # max_cache_hit_length = 32 - 1 = 31 -> whole blocks only: 16 * (31 // 16) = 16 tokens.
+    reqs = [Request("a", 0, ids(0, 32), 1), Request("b", 10, ids(0, 32), 1)]
+    run = simulate(reqs, PagedManager(capacity_tokens=1024), check_invariants=True)
+    assert by_id(run)["b"].cached_tokens == 16
+    assert by_id(run)["b"].computed_prompt_tokens == 16
+
+
+def test_33_token_prompt_hits_32():
+    # 33 - 1 = 32 -> two full blocks hit; the 33rd token is computed.
+    reqs = [Request("a", 0, ids(0, 33), 1), Request("b", 10, ids(0, 33), 1)]
+    run = simulate(reqs, PagedManager(capacity_tokens=1024), check_invariants=True)
+    assert by_id(run)["b"].cached_tokens == 32
+
+
+def test_blocks_hittable_in_the_step_they_are_scheduled():
+    # Both arrive together; "a" is admitted first and cache_blocks registers its 3 full blocks at
+    # scheduling time, so "b" (admitted later in the same step) hits 16 * ((48 - 1) // 16) = 32.
+    reqs = [Request("a", 0, ids(0, 48), 4), Request("b", 0, ids(0, 48), 4)]
+    run = simulate(reqs, PagedManager(capacity_tokens=1024), check_invariants=True)
+    assert by_id(run)["b"].cached_tokens == 32
+    assert run.summary["peak_concurrency"] == 2
+
+
+def test_partial_prefix_hits_whole_blocks_only():
+    # b shares 40 tokens with a: blocks 0 and 1 (tokens 0..31) match, block 2 differs -> 32.
+    reqs = [Request("a", 0, ids(0, 64), 1), Request("b", 10, ids(0, 40) + ids(1000, 24), 1)]
+    run = simulate(reqs, PagedManager(capacity_tokens=1024), check_invariants=True)
+    assert by_id(run)["b"].cached_tokens == 32
+
+
+def test_eviction_takes_a_requests_tail_blocks_first():
+    # capacity 96 -> 6 blocks, block 0 is the null block: 5 usable, free queue [1,2,3,4,5].
+    # a (64 tokens) takes blocks 1-4 (chain positions 0-3) and finishes; freeing is tail first,
+    # appended at the tail: queue [5, 4, 3, 2, 1]. b (40 unrelated tokens) needs 3 blocks: pops
+    # 5, 4, 3 -> evicts a's positions 3 and 2. a's positions 0 and 1 survive: c (a's prompt
+    # again) hits 32 tokens. (Plain "LRU by last use" with ties in block order would evict 1, 2.)
+    reqs = [Request("a", 0, ids(0, 64), 1), Request("b", 10, ids(500, 40), 1),
+            Request("c", 20, ids(0, 64), 1)]
+    for version in ("0.11", "0.33"):
+        run = simulate(reqs, PagedManager(capacity_tokens=96, version=version), check_invariants=True)
+        assert by_id(run)["c"].cached_tokens == 32, version
+
+
+def test_unhashed_block_goes_to_head_in_0_33_only():
+    # capacity 96: 5 usable blocks, free queue [1,2,3,4,5]. a: 20-token prompt, 1 new token ->
+    # pops blocks 1 (full, hashed at scheduling) and 2 (partial, never hashed). Freed tail first:
+    # 0.11 appends both at the tail: [3,4,5,2,1]; 0.33 puts the unhashed block 2 at the head and
+    # the hashed block 1 at the tail: [2,3,4,5,1].
+    m11 = PagedManager(capacity_tokens=96, version="0.11")
+    m33 = PagedManager(capacity_tokens=96, version="0.33")
+    for m in (m11, m33):
+        simulate([Request("a", 0, ids(0, 20), 1)], m, check_invariants=True)
+    assert list(m11.free) == [3, 4, 5, 2, 1]
+    assert list(m33.free) == [2, 3, 4, 5, 1]
+
+
+def test_preemption_takes_the_newest_admission():
+    # capacity 80 -> 5 blocks, 4 usable. a and b: 16-token prompts, 30 new tokens each (final KV
+    # 45 tokens = 3 blocks each, 6 > 4). Both admitted in step 1 with one block; in lockstep each
+    # takes a second block at token 16; at token 32 a (first in running) needs a third block,
+    # none is free -> running.pop() preempts b (the most recently admitted); a finishes untouched.
+    reqs = [Request("a", 0, ids(0, 16), 30), Request("b", 0, ids(100, 16), 30)]
+    run = simulate(reqs, PagedManager(capacity_tokens=80), check_invariants=True)
+    r = by_id(run)
+    assert r["a"].preemptions == 0
+    assert r["b"].preemptions >= 1
+    assert r["b"].output_tokens == 30 and r["b"].rejected is None
+    assert r["b"].recomputed_tokens > 0
+
+
+def test_chunked_prefill_under_the_token_budget():
+    # 5000 prompt tokens with max_num_batched_tokens 2048: chunks 2048, 2048, 904 -> the first
+    # token is sampled at the end of step 3.
+    run = simulate([Request("a", 0, ids(0, 5000), 2)], PagedManager(capacity_tokens=8192),
+                   check_invariants=True)
+    assert run.requests[0].ttft_s == 3.0
+    assert run.summary["steps"] == 4
+
+
+def test_request_larger_than_the_pool_is_rejected_with_reason():
+    run = simulate([Request("big", 0, ids(0, 400), 10), Request("ok", 0, ids(0, 10), 2)],
+                   PagedManager(capacity_tokens=256))
+    r = by_id(run)
+    assert r["big"].rejected and "blocks" in r["big"].rejected
+    assert r["ok"].rejected is None and r["ok"].output_tokens == 2
+
+
+def test_bad_options():
+    from inferlab.errors import InvalidValueError, UnknownNameError
+    with pytest.raises(UnknownNameError):
+        PagedManager(capacity_tokens=256, version="0.7")
+    with pytest.raises(InvalidValueError):
+        PagedManager(capacity_tokens=16)
+    with pytest.raises(InvalidValueError):
+        PagedManager(capacity_tokens=-5)
