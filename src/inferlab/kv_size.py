@@ -19,6 +19,7 @@ KV_TYPES = LLAMA_CPP_KV_TYPES + SERVING_KV_TYPES
 KV_PAD_TOKENS = 256  # llama.cpp pads the cache length to a multiple of 256
 
 
+@lru_cache(maxsize=64)
 def kv_bytes_per_value(kv_type: str) -> float:
     """Bytes one cached K or V element takes (block overhead included)."""
     k = kv_type.lower() if isinstance(kv_type, str) else kv_type

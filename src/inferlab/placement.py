@@ -15,6 +15,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 from .errors import InvalidValueError, check_positive
 from .hardware.device import Device, Machine
@@ -88,8 +89,7 @@ def _prefix(model: ModelSpec, quant) -> _Prefix:
                    _cumsum(_attn_flops_per_ctx(model, i) for i in range(n)))
 
 
-@dataclass(frozen=True)
-class DeviceUse:
+class DeviceUse(NamedTuple):
     """What one device holds and reads in a placement."""
 
     name: str
@@ -257,24 +257,28 @@ def place(
     user_ctx = n_ctx is not None
     ctx = n_ctx if user_ctx else model.n_ctx_train
 
-    def build(ngl: int, c: int) -> Placement:
-        return _build(model, machine, pre, label, c, kv_type, min(ngl, ngl_max), n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target_bytes, order)
+    def build(ngl: int, c: int, auto: bool = False, ctx_reduced: bool = False) -> Placement:
+        return _build(model, machine, pre, label, c, kv_type, min(ngl, ngl_max), n_cpu_moe, tensor_split, no_kv_offload, n_seq,
+                      n_ubatch, fit_target_bytes, order, auto, ctx_reduced)
 
     if n_gpu_layers is not None:
         p = build(n_gpu_layers, ctx)
         if not user_ctx and not _gpus_fit(p, fit_target_bytes) and p.gpus:
-            p = _shrink_ctx(build, n_gpu_layers, ctx, fit_ctx, fit_target_bytes) or p
+            p = _shrink_ctx(lambda n, c: build(n, c, False, True), n_gpu_layers, ctx, fit_ctx, fit_target_bytes) or p
         return p
     # --fit: full offload at the largest context that fits, else shrink layers
-    best = build(ngl_max, ctx)
+    if user_ctx and len(gpus) == 1 and not n_cpu_moe and not no_kv_offload:
+        # one GPU: read the largest ngl that fits off the cached curve of GPU bytes against ngl
+        curve = _gpu_curve(model, pre, ctx, kv_type, n_seq, n_ubatch, order)
+        return build(max(0, bisect.bisect_right(curve, gpu_capacity_bytes(gpus[0], machine) - fit_target_bytes) - 1), ctx, True)
+    best = build(ngl_max, ctx, True)
     ctx_reduced = False
     if not _gpus_fit(best, fit_target_bytes) and not user_ctx:
         shrunk = _shrink_ctx(build, ngl_max, ctx, fit_ctx, fit_target_bytes)
         if shrunk is not None:
-            best, ctx_reduced = shrunk, True
-        else:
-            ctx, ctx_reduced = min(ctx, fit_ctx), ctx > fit_ctx
-            best = build(ngl_max, ctx)
+            return _shrink_ctx(lambda n, c: build(n, c, True, True), ngl_max, ctx, fit_ctx, fit_target_bytes)
+        ctx, ctx_reduced = min(ctx, fit_ctx), ctx > fit_ctx
+        best = build(ngl_max, ctx, True, ctx_reduced)
     if not _gpus_fit(best, fit_target_bytes) and gpus:
         lo, hi = 0, ngl_max  # largest ngl whose GPUs fit: use is monotone in ngl
         if len(gpus) == 1 and not n_cpu_moe and not no_kv_offload:
@@ -287,8 +291,8 @@ def place(
                 lo = mid
             else:
                 hi = mid - 1
-        best = build(lo, ctx)
-    return _replace(best, auto=True, ctx_reduced=ctx_reduced)
+        best = build(lo, ctx, True, ctx_reduced)
+    return best
 
 
 @lru_cache(maxsize=8192)
@@ -328,16 +332,11 @@ def _shrink_ctx(build, ngl: int, ctx: int, fit_ctx: int, fit_target: float) -> P
             lo = mid
         else:
             hi = mid - 1
-    return _replace(build(ngl, lo * 256), ctx_reduced=True)
+    return build(ngl, lo * 256)
 
 
-def _replace(p: Placement, **kw) -> Placement:
-    from dataclasses import replace
-
-    return replace(p, **kw)
-
-
-def _build(model, machine, pre: _Prefix, label, n_ctx, kv_type, ngl, n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target, order) -> Placement:
+def _build(model, machine, pre: _Prefix, label, n_ctx, kv_type, ngl, n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target, order,
+           auto=False, ctx_reduced=False) -> Placement:
     L = model.n_layers
     gpus = machine.gpus
     n_dev = 1 + len(gpus)
@@ -422,4 +421,4 @@ def _build(model, machine, pre: _Prefix, label, n_ctx, kv_type, ngl, n_cpu_moe, 
         reasons.append(f"host memory needs {host_need / GB:.2f} GB but has {host_cap / GB:.2f} GB "
                        "(with mmap llama.cpp still starts, paging weights from disk at drive speed)")
     return Placement(model, machine, label, n_ctx, kv_type, ngl, tuple(devs), not reasons, "; ".join(reasons),
-                     unified=machine.unified)
+                     auto=auto, ctx_reduced=ctx_reduced, unified=machine.unified)

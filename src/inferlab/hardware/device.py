@@ -84,7 +84,11 @@ class Machine:
 
     @property
     def gpus(self) -> tuple[Device, ...]:
-        return ((self.gpu,) if self.gpu is not None else ()) + self.extra_gpus
+        g = self.__dict__.get("_gpus")
+        if g is None:  # asked for on every placement: build it once
+            g = ((self.gpu,) if self.gpu is not None else ()) + self.extra_gpus
+            object.__setattr__(self, "_gpus", g)
+        return g
 
     @property
     def cpu_only(self) -> bool:
