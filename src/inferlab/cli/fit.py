@@ -58,6 +58,13 @@ def fit(model, machine_name, quant, n_ctx, kv_type, n_gpu_layers, n_cpu_moe, con
         "prefill": {"n_tokens": n_prompt, "tok_per_s": f["tok_per_s"], "s": f["total_s"], "pcie_s": f["pcie_s"]},
         "speed_model": speed.name, "order": order, "notes": list(p.notes),
     }
+    if "gguf_version" in spec.extra:  # facts from the file's header
+        x = spec.extra
+        result["file"] = {"path": (x.get("split_files") or [None])[0], "n_files": len(x.get("split_files") or []),
+                          "file_bytes": x.get("file_bytes"), "tensor_types": x.get("tensor_types"), "n_ctx_train": spec.n_ctx_train,
+                          "chat_template": bool(x.get("chat_template")), "tokenizer": x.get("tokenizer_model"),
+                          "n_vocab_tokens": x.get("n_vocab_tokens"), "imatrix": x.get("imatrix"),
+                          "vision_bytes": x.get("vision_bytes", 0) + (x.get("mmproj") or {}).get("n_bytes", 0)}
     if as_json:
         echo_json(result)
         return
@@ -81,6 +88,14 @@ def _print_fit(r: dict, p) -> None:
     verdict = "[green]fits[/green]" if r["fits"] else f"[red]does not fit[/red]: {r['reason']}"
     con.print(f"[bold]{r['model']}[/bold] · {r['quant']} · {r['weights_bytes'] / GB:.2f} GB ({r['bits_per_weight']:.2f} bpw)")
     con.print(f"on [bold]{r['machine']}[/bold]: {verdict}")
+    if "file" in r:
+        f = r["file"]
+        types = ", ".join(f"{k} x{v}" for k, v in sorted((f["tensor_types"] or {}).items(), key=lambda kv: -kv[1]))
+        con.print(f"file: {f['file_bytes'] / GB:.3f} GB in {f['n_files']} part(s) · tensors {types}")
+        con.print(f"      trained context {f['n_ctx_train']} · chat template {'yes' if f['chat_template'] else 'no'} · "
+                  f"tokenizer {f['tokenizer']} with {f['n_vocab_tokens']} tokens"
+                  + (f" · vision projector {f['vision_bytes'] / GB:.3f} GB (not placed)" if f["vision_bytes"] else "")
+                  + (" · imatrix" if f["imatrix"] else ""))
     ctx_note = " (shrunk by --fit)" if r["ctx_reduced"] else ""
     ngl_note = " (chosen by --fit)" if r["auto_ngl"] else ""
     con.print(f"-c {r['n_ctx']}{ctx_note} · KV {r['kv_type']} · -ngl {r['n_gpu_layers']}/{r['n_gpu_layers_max']}{ngl_note}")
