@@ -409,8 +409,10 @@ class RadixManager(KVManager):
         st = StepStats()
         adds = self._prefill_round(now)
         if adds:
+            p = self.page_size
             for seq, chunk in adds:
-                self._alloc(seq, chunk)
+                c = seq.num_computed  # pages are allocated whole: cells = ceil(tokens / page) * page
+                self._alloc(seq, -(-(c + chunk) // p) * p - -(-c // p) * p)
                 self.log_input_tokens += chunk
                 st.prefill_tokens += chunk
                 st.context_tokens += seq.num_computed + chunk
@@ -522,8 +524,9 @@ class RadixManager(KVManager):
         priv = sum(s.private for s in live)
         if priv != self.private_tokens or any(s.private < 0 for s in live):
             raise InvariantError(f"sglang: private tokens {self.private_tokens} but requests hold {priv}")
+        p = self.page_size
         for s in live:
-            if s.prefix_len + s.private != s.num_computed:
+            if s.prefix_len + s.private != -(-s.num_computed // p) * p:
                 raise InvariantError(f"sglang: {s!r} holds {s.prefix_len}+{s.private} KV for {s.num_computed} tokens")
 
     def check_drained(self) -> None:

@@ -387,7 +387,10 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
             s.finish_s = now
         done += len(st.rejected)
         if st.prefill_tokens + st.decode_tokens == 0:
-            if st.finished or st.rejected:
+            if st.finished or st.rejected:  # e.g. generation stopped at the context limit
+                for s in st.finished:
+                    s.finish_s = now
+                done += len(st.finished)
                 continue
             idle_steps += 1
             if nxt < n:  # nothing runnable until something arrives
