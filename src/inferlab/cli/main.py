@@ -16,6 +16,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "machine": ("machine", "calibrate", "validate"),
     "gguf_plan": ("gguf_plan",),
     "run": ("run", "profile"),
+    "simulate": ("simulate",),
 }
 
 
