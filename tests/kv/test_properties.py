@@ -132,3 +132,15 @@ def test_single_slot_hits_equal_brute_force(reqs):
     # One slot, no RAM cache: only the previous request's tokens are in the slot.
     run = simulate(reqs, SlotManager(capacity_tokens=UNBOUNDED, n_parallel=1, cache_ram_mib=0))
     assert [r.cached_tokens for r in run.requests] == _brute_force_hits(reqs, 1, only_previous=True)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(max_requests=10), st.one_of(slot_managers, paged_managers, radix_managers))
+def test_decode_fast_forward_changes_nothing(reqs, manager):
+    # The shortcut must give the same records as stepping one step at a time.
+    import copy
+    fast = simulate(reqs, copy.deepcopy(manager), check_invariants=True)
+    slow = simulate(reqs, manager, fast_forward=False)
+    assert fast.requests == slow.requests
+    for key in ("prefill_computed", "hit_rate", "steps", "duration", "peak_concurrency", "kv_peak_tokens"):
+        assert fast.summary[key] == slow.summary[key], key

@@ -169,7 +169,8 @@ class PagedManager(KVManager):
         if d is not None and not d:
             del self.dups[k]
 
-    def _allocate(self, seq: Seq, num_new: int, hits: list[int] = (), admitting: bool = False) -> bool:
+    def _allocate(self, seq: Seq, num_new: int, hits: list[int] = (), admitting: bool = False,
+                  dry_run: bool = False) -> bool:
         """``allocate_slots``: reserve blocks for ``num_new`` more tokens; register full blocks."""
         bs = self.block_size
         total = seq.num_computed + len(hits) * bs + num_new
@@ -186,6 +187,8 @@ class PagedManager(KVManager):
                 avail -= self.watermark_blocks
         if check + free_hits > avail:
             return False
+        if dry_run:
+            return True
         free, bhash = self.free, self.bhash
         for b in hits:
             if ref[b] == 0:
@@ -328,6 +331,54 @@ class PagedManager(KVManager):
             for seq in finished:
                 self._finish(seq, st)
         return st
+
+    # ---------------------------------------------------------------- decode fast-forward
+    def decode_horizon(self) -> tuple[int, int, int] | None:
+        running = self.running
+        if not running or len(running) > self.max_num_batched_tokens:
+            return None
+        if any(s.num_computed != s.num_tokens - 1 for s in running):
+            return None  # a prefill (chunk) is still running
+        if self.waiting and len(running) < self.max_num_seqs and len(running) < self.max_num_batched_tokens:
+            if self.version == "0.11":
+                return None  # 0.11 counts every lookup in its metrics
+            head = self.waiting[0]
+            hits = self._lookup(head)
+            num_new = min(head.num_tokens - len(hits) * self.block_size,
+                          self.max_num_batched_tokens - len(running))
+            if self._allocate(head, num_new, hits, admitting=True, dry_run=True):
+                return None  # the head would be admitted; it stays blocked while blocks only shrink
+        b = len(running)
+        bs = self.block_size
+        k = min(s.out_len - s.num_output for s in running) - 1  # nobody finishes
+        if self.max_model_len is not None:
+            k = min(k, min(self.max_model_len - s.num_computed for s in running) - 1)
+        while k >= 2:  # enough free blocks for every new block in k steps: no preemption
+            c = [s.num_computed for s in running]
+            need = sum((x + k - 1) // bs - (x - 1) // bs for x in c)
+            if need <= len(self.free):
+                break
+            k //= 2
+        return (k, b, sum(s.num_computed + 1 for s in running)) if k >= 2 else None
+
+    def fast_forward(self, k: int) -> None:
+        bs = self.block_size
+        start = {}
+        events: dict[int, list[Seq]] = {}
+        for s in self.running:
+            start[id(s)] = (s.num_computed, s.num_output)
+            p = s.num_computed % bs
+            events.setdefault((-p) % bs, []).append(s)  # step starts a new block: allocate
+            events.setdefault((-p - 1) % bs, []).append(s)  # step fills a block: register its hash
+        for i in range(k):
+            for s in events.get(i % bs, ()):
+                c0, o0 = start[id(s)]
+                s.num_computed, s.num_output = c0 + i, o0 + i
+                if not self._allocate(s, 1):
+                    raise InvariantError("vllm: fast-forward ran out of blocks")
+        for s in self.running:
+            c0, o0 = start[id(s)]
+            s.num_computed, s.num_output = c0 + k, o0 + k
 
     # ---------------------------------------------------------------- invariants
     def check_invariants(self) -> None:

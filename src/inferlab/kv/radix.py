@@ -469,6 +469,24 @@ class RadixManager(KVManager):
         if not self.running and not self.waiting and self.chunked is None:
             self.new_token_ratio = self.init_ratio
 
+    def decode_horizon(self) -> tuple[int, int, int] | None:
+        if self.page_size != 1 or self.chunked is not None or not self.running:
+            return None
+        if self.waiting and not self.batch_is_full:
+            return None  # a prefill round would be tried
+        b = len(self.running)
+        k = min(min(s.out_len - s.num_output for s in self.running) - 1,  # nobody finishes
+                self.available() // b)  # no eviction, no retraction
+        return (k, b, sum(s.num_computed + 1 for s in self.running)) if k >= 2 else None
+
+    def fast_forward(self, k: int) -> None:
+        for s in self.running:
+            s.num_computed += k
+            s.num_output += k
+            s.private += k
+        self.private_tokens += k * len(self.running)
+        self.new_token_ratio = max(self.new_token_ratio - k * self.ratio_decay, self.min_ratio)
+
     def _retract(self) -> None:
         """retract_decode: fewest outputs first (ties: longest prompt) until 20 steps of headroom."""
         order = sorted(self.running, key=lambda s: (s.num_output, -s.prompt_len), reverse=True)

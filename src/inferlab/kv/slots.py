@@ -260,6 +260,27 @@ class SlotManager(KVManager):
         self.tick += 1
         return st
 
+    def decode_horizon(self) -> tuple[int, int, int] | None:
+        busy = [s for s in self.slots if s.seq is not None]
+        if not busy or not all(s.generating for s in busy):
+            return None
+        if self.deferred and len(busy) < len(self.slots):
+            return None  # a task would launch
+        b = len(busy)
+        k = min(min(s.seq.out_len - s.seq.num_output for s in busy) - 1,  # nobody finishes
+                min(self.n_ctx_slot - 1 - s.seq.num_computed for s in busy))  # nor hits the context
+        if self.kv_unified:
+            k = min(k, (self.capacity_tokens - sum(s.n for s in self.slots)) // b)  # no purge
+        return (k, b, sum(s.seq.num_computed + 1 for s in busy)) if k >= 2 else None
+
+    def fast_forward(self, k: int) -> None:
+        for s in self.slots:
+            if s.seq is not None:
+                s.n += k
+                s.seq.num_computed += k
+                s.seq.num_output += k
+        self.tick += k
+
     def _fit_unified(self, batch: list[tuple[Slot, int]], st: StepStats) -> list[tuple[Slot, int]]:
         """Make the batch fit the unified buffer: purge idle slots, then shrink the batch."""
         need = sum(n for _, n in batch)
