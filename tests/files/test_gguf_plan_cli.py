@@ -3,6 +3,7 @@ files llama.cpp's own quantizer writes) and against llama-quantize's published s
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -145,10 +146,16 @@ def test_plan_equals_llama_quantize(layout, tmp_path):
     spec = ModelSpec(name=layout, **HEAD_LAYOUTS[layout])
     src = write_gguf(spec, tmp_path / "f16.gguf", dtype="F16")
     assert model_from_gguf(src).file_type == "F16"
+    gguf = pytest.importorskip("gguf")
     mismatches = []
-    for preset in LADDER:
+    for preset in [*LADDER, "IQ4_XS"]:  # IQ4_XS: an i-quant llama.cpp makes without an imatrix
         dst = quantize_gguf(src, tmp_path / f"{preset}.gguf", preset)
-        real = {t.name: (list(t.shape), t.ggml_type, t.n_bytes) for t in model_from_gguf(dst).tensors}
+        quantized = model_from_gguf(dst)
+        # the reader on llama.cpp's own output: same model, file type, and gguf.GGUFReader's tensor table
+        assert quantized == dataclasses.replace(spec, source=quantized.source, file_type=preset)
+        truth = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type.name, int(t.n_bytes)) for t in gguf.GGUFReader(str(dst)).tensors}
+        assert {t.name: (t.shape, t.ggml_type, t.n_bytes) for t in quantized.tensors} == truth
+        real = {t.name: (list(t.shape), t.ggml_type, t.n_bytes) for t in quantized.tensors}
         plan = plan_json(src, "--quant", preset)["plans"][0]
         predicted = {t["name"]: (t["shape"], t["type"], t["n_bytes"]) for t in plan["tensors"]}
         assert predicted.keys() == real.keys()
