@@ -56,6 +56,7 @@ def test_all_presets_are_consistent():
         assert p["n_params"] == n_weights
         assert p["bits_per_weight"] == pytest.approx(8 * p["total_bytes"] / n_weights, abs=1e-4)
         assert [t["name"] for t in p["tensors"]] == [t.name for t in tensor_inventory(spec)]
+    assert {q for q, p in plans.items() if p["needs_imatrix"]} == {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
     sizes = [plans[q]["total_bytes"] for q in LADDER]
     assert sizes == sorted(sizes, reverse=True)  # fewer bits, smaller file
     assert [p["total_bytes"] for p in d["plans"]] == sorted((p["total_bytes"] for p in d["plans"]), reverse=True)
@@ -162,3 +163,25 @@ def test_plan_equals_llama_quantize(layout, tmp_path):
         mismatches += [f"{preset} {n}: predicted {predicted[n][1]}, llama.cpp wrote {real[n][1]}" for n in real if predicted[n] != real[n]]
         assert plan["total_bytes"] == sum(v[2] for v in real.values()) or mismatches
     assert not mismatches, "\n".join(mismatches)
+
+
+@pytest.mark.engine
+def test_needs_imatrix_is_what_llama_quantize_refuses(tmp_path):
+    """The presets gguf-plan marks as needing an importance matrix are exactly those llama.cpp refuses without one."""
+    pytest.importorskip("llama_cpp")
+    from inferlab.errors import InferlabError
+    from inferlab.models.gguf_writer import quantize_gguf, write_gguf
+    from inferlab.models.spec import ModelSpec
+
+    spec = ModelSpec(name="llama-gqa4", **HEAD_LAYOUTS["llama-gqa4"])
+    src = write_gguf(spec, tmp_path / "f16.gguf", dtype="F16")
+    plans = {p["quant"]: p for p in plan_json(src, "--quant", "all")["plans"]}
+    refused = set()
+    for name, p in plans.items():
+        if p["needs_imatrix"] or name in ("Q2_K", "Q3_K_S", "Q4_0", "TQ2_0"):  # the refused, and a few quick makeable ones
+            try:
+                quantize_gguf(src, tmp_path / f"{name}.gguf", name)
+            except InferlabError:
+                refused.add(name)
+    assert refused == {q for q, p in plans.items() if p["needs_imatrix"]}
+    assert "Q2_K_S" in refused and "IQ2_XXS" in refused

@@ -98,6 +98,10 @@ def _summary(spec, q) -> dict:
     for e in plan:
         types[e.ggml_type] += e.n_bytes
     wb = weight_bytes(spec, q)
+    from ..quant.presets import Preset
+    from ..quant.rules import requires_imatrix
+
+    needs_imatrix = isinstance(q, Preset) and requires_imatrix(plan, [e.ggml_type for e in plan], q.name)
     return {
         "quant": str(q) if q is not None else f"file ({spec.file_type or 'mixed'})",
         "label": q.label if q is not None else "the file's own tensors",
@@ -106,6 +110,7 @@ def _summary(spec, q) -> dict:
         "n_params": sum(e.n_elements for e in plan),
         "breakdown_bytes": wb,
         "bytes_by_type": dict(sorted(types.items(), key=lambda kv: -kv[1])),
+        "needs_imatrix": needs_imatrix,  # llama-quantize refuses to make this file without --imatrix
         "_plan": plan,
     }
 
@@ -255,11 +260,13 @@ def _side_by_side(console, spec, summaries, failed, own, per_role: bool) -> None
     for s in summaries:
         total = s["total_bytes"]
         mix = " ".join(f"[{_style(k)}]{k}[/] {100 * v / total:.0f}%" for k, v in s["bytes_by_type"].items() if v / total >= 0.005)
-        cells = [s["quant"], f"{total / GB:,.3f}", f"{total / GiB:,.3f}", f"{s['bits_per_weight']:.2f}"]
+        cells = [s["quant"] + ("*" if s["needs_imatrix"] else ""), f"{total / GB:,.3f}", f"{total / GiB:,.3f}", f"{s['bits_per_weight']:.2f}"]
         if own is not None:
             cells.append(f"{100 * (total / own['total_bytes'] - 1):+.0f}%")
         t.add_row(*cells, mix)
     console.print(t)
+    if any(s["needs_imatrix"] for s in summaries):
+        console.print("  * llama-quantize makes this preset only with an importance matrix (--imatrix)")
     for q, err in failed:
         console.print(f"  [red]{q}[/]: {err}")
     if per_role:
