@@ -18,14 +18,17 @@ Semantics (../shared/reference/kv_managers.md section 1, vllm 0.11.0 and 0.33.0)
 * 0.33 only admits a waiting request if its whole prompt (minus hits) fits
   (``scheduler_reserve_full_isl``) and records hit metrics at admission (0.11: at every lookup).
 
-Block hashes: the content key of a block inside one run of consecutive ids is
-``(key of the block before the run, first id of the run's first full block, offset)``; a block
-that spans runs hashes its explicit ids. Both are exact functions of the prefix, like vLLM's chain.
+Block hashes: the key of a block inside one run of consecutive ids is
+``hash((key of the block before the run, first id of the run's first full block)) + offset``;
+a block that spans runs hashes ``(parent key, its explicit ids)``. Both are functions of the
+whole prefix, like vLLM's chained hashes, and like vLLM's they are trusted not to collide
+(64-bit; a stretch of a few thousand consecutive keys per run).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from itertools import repeat, takewhile
 from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError
@@ -34,6 +37,7 @@ from .tokens import expand, slice_runs
 
 VLLM_VERSIONS = ("0.11", "0.33")
 NONE_HASH = hash(("vllm-none-hash",))
+_consume = deque(maxlen=0).extend  # run an iterator for its side effects at C speed
 
 
 def block_keys(runs, block_size: int) -> list[int]:
@@ -48,8 +52,8 @@ def block_keys(runs, block_size: int) -> list[int]:
             if lo >= pos:  # a stretch of blocks fully inside this run
                 cnt = (end - lo) // block_size
                 anchor = keys[j - 1] if j else NONE_HASH
-                t0 = start + lo - pos
-                keys.extend([hash((anchor, t0, m)) for m in range(cnt)])
+                base = hash((anchor, start + lo - pos))  # (parent key, first id of the stretch)
+                keys.extend(range(base, base + cnt))  # + offset within the stretch
                 j += cnt
             else:  # a block that began in an earlier run
                 parent = keys[j - 1] if j else NONE_HASH
@@ -143,13 +147,8 @@ class PagedManager(KVManager):
             return []
         keys = self._keys(seq)
         n = (seq.num_tokens - 1) // self.block_size
-        hits: list[int] = []
         cached = self.cached
-        for k in keys[:n]:
-            b = cached.get(k)
-            if b is None:
-                break
-            hits.append(b)
+        hits = [cached[k] for k in takewhile(cached.__contains__, keys[:n])]  # stop at the first miss
         if self.version == "0.11":  # 0.11 records every lookup, retries included
             self.queries += seq.num_tokens
             self.hits += len(hits) * self.block_size
@@ -190,29 +189,43 @@ class PagedManager(KVManager):
         if dry_run:
             return True
         free, bhash = self.free, self.bhash
-        for b in hits:
-            if ref[b] == 0:
-                del free[b]
-                self.num_hashed_free -= 1
-            ref[b] += 1
         blocks = seq.blocks
-        blocks.extend(hits)
-        for _ in range(need):
-            b = free.popitem(last=False)[0]
-            if bhash[b] is not None:
-                self.num_hashed_free -= 1
-                self._evict(b)
-            ref[b] = 1
-            blocks.append(b)
+        if hits:
+            for b in [b for b in hits if ref[b] == 0]:  # touch: leave the free queue
+                del free[b]
+            self.num_hashed_free -= free_hits
+            _consume(map(ref.__setitem__, hits, [ref[b] + 1 for b in hits]))
+            blocks.extend(hits)
+            seq.num_cached_blocks = len(blocks)  # hit blocks are cached already
+        if need:
+            pop = free.popitem
+            new = [pop(False)[0] for _ in range(need)]  # from the head: least recently freed
+            hashed = [b for b in new if bhash[b] is not None]
+            if hashed:  # lazy eviction of the cached content those blocks held
+                self.num_hashed_free -= len(hashed)
+                cached, dups = self.cached, self.dups
+                for b in hashed:
+                    k = bhash[b]
+                    if k in dups:
+                        self._evict(b)
+                    else:
+                        bhash[b] = None
+                        del cached[k]
+            _consume(map(ref.__setitem__, new, repeat(1)))
+            blocks.extend(new)
         if self.enable_prefix_caching:
             nfull = min(total, seq.num_tokens) // bs
-            if nfull > seq.num_cached_blocks:
-                keys = self._keys(seq)
-                cached, dups = self.cached, self.dups
-                for i in range(seq.num_cached_blocks, nfull):
-                    b = blocks[i]
-                    if bhash[b] is None:
-                        k = keys[i]
+            lo = seq.num_cached_blocks
+            if nfull > lo:
+                keys = self._keys(seq)[lo:nfull]
+                seg = blocks[lo:nfull]
+                cached = self.cached
+                if cached.keys().isdisjoint(keys):  # the usual case: all new content
+                    cached.update(zip(keys, seg))
+                    _consume(map(bhash.__setitem__, seg, keys))
+                else:
+                    dups = self.dups
+                    for b, k in zip(seg, keys):
                         bhash[b] = k
                         if k in cached:
                             dups.setdefault(k, []).append(b)
@@ -223,16 +236,16 @@ class PagedManager(KVManager):
 
     def _free_seq(self, seq: Seq) -> None:
         ref, free, bhash = self.ref, self.free, self.bhash
-        head_unhashed = self.version == "0.33"
-        for b in reversed(seq.blocks):  # tail block first
-            ref[b] -= 1
-            if ref[b] == 0:
-                free[b] = None
-                if bhash[b] is None:
-                    if head_unhashed:
-                        free.move_to_end(b, last=False)
-                else:
-                    self.num_hashed_free += 1
+        rev = seq.blocks[::-1]  # tail block first
+        left = [ref[b] - 1 for b in rev]
+        _consume(map(ref.__setitem__, rev, left))
+        zero = [b for b, r in zip(rev, left) if r == 0]
+        free.update(zip(zero, repeat(None)))  # appended at the tail, in this order
+        unhashed = [b for b in zero if bhash[b] is None]
+        self.num_hashed_free += len(zero) - len(unhashed)
+        if self.version == "0.33":  # 0.33: blocks without a hash go to the head, one by one
+            for b in unhashed:
+                free.move_to_end(b, last=False)
         seq.blocks = []
         seq.num_cached_blocks = 0
 
@@ -337,7 +350,7 @@ class PagedManager(KVManager):
         running = self.running
         if not running or len(running) > self.max_num_batched_tokens:
             return None
-        if any(s.num_computed != s.num_tokens - 1 for s in running):
+        if any(s.num_computed != s.num_tokens - 1 or not s.num_output for s in running):
             return None  # a prefill (chunk) is still running
         if self.waiting and len(running) < self.max_num_seqs and len(running) < self.max_num_batched_tokens:
             if self.version == "0.11":
