@@ -31,7 +31,18 @@ from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError
 from .simulator import InvariantError, KVManager, Seq, StepStats
-from .tokens import first_tokens_key, lcp, slice_runs
+from .tokens import first_tokens_key, lcp_at, slice_runs
+
+
+def _advance(runs, bi: int, boff: int, n: int) -> tuple[int, int]:
+    """Move a (run, offset) cursor n tokens forward."""
+    while n:
+        step = min(n, runs[bi][1] - boff)
+        n -= step
+        boff += step
+        if boff == runs[bi][1]:
+            bi, boff = bi + 1, 0
+    return bi, boff
 
 SGLANG_VERSIONS = ("0.5.2", "0.5.23")
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
@@ -88,26 +99,36 @@ class RadixTree:
         """Descend along ``runs[:length]`` (page-aligned), splitting on a partial match."""
         p = self.page_size
         length -= length % p
-        key = slice_runs(runs, 0, length)
         node, matched = self.root, 0
         self.tick += 1
         node.last_access = self.tick
-        while length - matched >= p and key:
-            child = node.children.get(self._child_key(key))
+        bi = boff = 0  # cursor into runs
+        nruns = len(runs)
+        while length - matched >= p and bi < nruns:
+            if p == 1:
+                ck = runs[bi][0] + boff
+            else:
+                ck = first_tokens_key(((runs[bi][0] + boff, runs[bi][1] - boff),) + tuple(runs[bi + 1:]), p)
+            child = node.children.get(ck)
             if child is None:
                 break
             self.tick += 1
             child.last_access = self.tick
-            n = lcp(child.key, key, length - matched)
-            n -= n % p
+            n, nbi, nboff = lcp_at(child.key, runs, bi, boff, length - matched)
+            if n % p:
+                n -= n % p
+                nbi, nboff = _advance(runs, bi, boff, n)
             if n == 0:
                 break
             if n < child.length:
                 child = self._split(child, n)
             matched += n
             node = child
-            key = slice_runs(key, n, length - matched + n)
-        return matched, node, key
+            bi, boff = nbi, nboff
+        rest = ()
+        if matched < length:
+            rest = slice_runs(runs, matched, length)
+        return matched, node, rest
 
     def match_prefix(self, runs, max_len: int) -> tuple[int, Node]:
         matched, node, _ = self._walk(runs, max_len)

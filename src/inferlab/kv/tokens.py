@@ -147,6 +147,30 @@ def lcp(a: Sequence[Run], b: Sequence[Run], limit: int | None = None) -> int:
     return total if limit is None else min(total, limit)
 
 
+def lcp_at(a: Sequence[Run], b: Sequence[Run], bi: int, boff: int, limit: int) -> tuple[int, int, int]:
+    """LCP of ``a`` with ``b`` read from run ``bi``, offset ``boff``, at most ``limit`` tokens.
+
+    Returns (length, bi, boff) with the cursor in ``b`` advanced past the common part, so a walk
+    down a tree never re-slices the key it matches.
+    """
+    i = oi = total = 0
+    na, nb = len(a), len(b)
+    while i < na and bi < nb and total < limit:
+        sa, la = a[i]
+        sb, lb = b[bi]
+        if sa + oi != sb + boff:
+            break
+        step = min(la - oi, lb - boff, limit - total)
+        total += step
+        oi += step
+        boff += step
+        if oi == la:
+            i, oi = i + 1, 0
+        if boff == lb:
+            bi, boff = bi + 1, 0
+    return total, bi, boff
+
+
 def first_tokens_key(runs: Sequence[Run], n: int) -> int | tuple[int, ...]:
     """A canonical key for the first n tokens: the first id when they are one run, else the tuple."""
     if runs and runs[0][1] >= n:
