@@ -1,0 +1,153 @@
+"""llama.cpp (through llama-cpp-python) and inferlab's torch runtime, side by side, on the same
+GGUF: prefill and decode tokens/s, bytes streamed per decode step and the bandwidth that makes,
+inferlab's speed as a ratio of llama.cpp's, perf_model's prediction for both, and whether the
+greedy tokens agree.
+
+    python benchmarks/compare_llamacpp.py [--model PATH] [--prompt-tokens 256] [--decode-tokens 64]
+
+Prints a table and writes benchmarks/results/compare_llamacpp.json. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_runtime import RESULTS, measure_runtime, prompt_of, read_bandwidth_gbps, smollm_path  # noqa: E402
+
+
+def gguf_decode_bytes(path: str) -> tuple[int, int]:
+    """(bytes of every tensor in the file, bytes one decode step reads: all but the embedding table,
+    plus the output head — the tied embedding when there is no output.weight)."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(path, "r")
+    sizes = {t.name: int(t.n_bytes) for t in r.tensors}
+    total = sum(sizes.values())
+    tied = "output.weight" not in sizes  # then the whole embedding table is read as the LM head
+    return total, total if tied else total - sizes["token_embd.weight"]
+
+
+def measure_llama_cpp(path: str, prompt_ids: list[int], n_decode: int, n_ctx: int, repeats: int = 2) -> dict:
+    import llama_cpp
+
+    threads = os.cpu_count() or 1
+    llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                          n_threads_batch=threads, verbose=False)
+    llm.reset()
+    llm.eval(prompt_ids[:16])  # warm up
+    best_prefill, best_step, tokens = float("inf"), float("inf"), []
+    for _ in range(repeats):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt_ids)  # prefill
+        prefill = time.perf_counter() - t0
+        nxt = int(llm.scores[llm.n_tokens - 1].argmax())
+        run, steps = [nxt], []
+        for _ in range(n_decode - 1):
+            t0 = time.perf_counter()
+            llm.eval([nxt])  # one decode step
+            steps.append(time.perf_counter() - t0)
+            nxt = int(llm.scores[llm.n_tokens - 1].argmax())
+            run.append(nxt)
+        best_prefill = min(best_prefill, prefill)
+        best_step = min(best_step, statistics.median(steps))
+        tokens = run
+    return {"prefill_s": best_prefill, "prefill_tok_per_s": len(prompt_ids) / best_prefill,
+            "decode_step_s": best_step, "decode_tok_per_s": 1.0 / best_step, "tokens": tokens,
+            "version": getattr(llama_cpp, "__version__", "?"), "threads": threads}
+
+
+def predictions(path: str, context: int, n_prompt: int) -> dict:
+    try:
+        from inferlab import perf_model
+        from inferlab.hardware.detect import detect_machine
+        from inferlab.models.gguf_reader import model_from_gguf
+
+        spec, machine = model_from_gguf(path), detect_machine()
+        out = {}
+        for label, quant, kv in (("llama.cpp", None, "f16"), ("inferlab", "F32", "f32")):
+            pl = perf_model.place(spec, machine, quant, n_ctx=context + 1, kv_type=kv, n_gpu_layers=0)
+            out[label] = {"decode_tok_per_s": perf_model.decode_step_time(pl, machine, context)["tok_per_s"],
+                          "prefill_tok_per_s": perf_model.prefill_time(pl, machine, n_prompt)["tok_per_s"]}
+        out["machine"] = f"{machine.ram.name}, {machine.ram.bandwidth_gbs:.1f} GB/s assumed"
+        return out
+    except Exception as exc:  # a missing part of inferlab must not stop the measurement
+        return {"note": f"no perf_model prediction ({type(exc).__name__}: {exc})"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--int8", action="store_true", help="Also run inferlab with weight-only int8 weights.")
+    args = ap.parse_args()
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        sys.exit("llama-cpp-python is not installed: pip install 'inferlab[engine]'")
+    import torch
+
+    from inferlab.runtime.llama import load_gguf
+
+    path = args.model or smollm_path()
+    n_ctx = args.prompt_tokens + args.decode_tokens + 16
+    bw = read_bandwidth_gbps()
+    model, tok = load_gguf(path, n_ctx=n_ctx)
+    ids = prompt_of(tok, args.prompt_tokens)
+    mid_ctx = len(ids) + args.decode_tokens // 2
+
+    lc = measure_llama_cpp(path, ids, args.decode_tokens, n_ctx)
+    file_bytes, lc_weight_step = gguf_decode_bytes(path)
+    lc["decode_bytes_per_step"] = lc_weight_step + model.config.kv_bytes_per_token(2) * mid_ctx  # f16 KV
+    lc["decode_gbps"] = lc["decode_bytes_per_step"] / lc["decode_step_s"] / 1e9
+    engines = {"llama.cpp": lc, "inferlab fp32": measure_runtime(model, ids, args.decode_tokens)}
+    if args.int8:
+        from inferlab.runtime.gguf_weights import load_state, open_gguf, read_config
+        from inferlab.runtime.llama import LlamaModel
+
+        reader = open_gguf(path)
+        config = read_config(reader, path)
+        engines["inferlab int8"] = measure_runtime(LlamaModel(config, load_state(reader, config, torch.float32), dtype="int8",
+                                                              n_ctx=n_ctx, path=path), ids, args.decode_tokens)
+    pred = predictions(path, mid_ctx, len(ids))
+
+    print(f"{os.path.basename(path)}: {len(ids)} prompt tokens, {args.decode_tokens} decoded, batch 1, "
+          f"{torch.get_num_threads()} threads; measured read bandwidth {bw['read_gbps']:.1f} GB/s")
+    print(f"{'engine':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>7}{'% bw':>6}{'vs llama.cpp':>14}")
+    for name, m in engines.items():
+        m["share_of_read_bw"] = m["decode_gbps"] / bw["read_gbps"]
+        m["decode_ratio_to_llama_cpp"] = m["decode_tok_per_s"] / lc["decode_tok_per_s"]
+        m["prefill_ratio_to_llama_cpp"] = m["prefill_tok_per_s"] / lc["prefill_tok_per_s"]
+        m["same_greedy_tokens_as_llama_cpp"] = m["tokens"] == lc["tokens"]
+        print(f"{name:<16}{m['prefill_tok_per_s']:>14.1f}{m['decode_tok_per_s']:>14.2f}{m['decode_bytes_per_step'] / 1e6:>9.1f}"
+              f"{m['decode_gbps']:>7.2f}{m['share_of_read_bw']:>6.0%}"
+              f"{m['decode_ratio_to_llama_cpp']:>8.2f}x dec")
+    for name, m in engines.items():
+        agree = next((i for i, (a, b) in enumerate(zip(m["tokens"], lc["tokens"])) if a != b), len(m["tokens"]))
+        m["greedy_tokens_agreeing"] = agree
+        print(f"  {name}: prefill {m['prefill_ratio_to_llama_cpp']:.2f}x llama.cpp; greedy tokens equal to llama.cpp's for the first {agree}")
+        m.pop("tokens")
+    lc.pop("tokens", None)
+    if "note" in pred:
+        print(pred["note"])
+    else:
+        print(f"perf_model ({pred['machine']}):")
+        for k in ("llama.cpp", "inferlab"):
+            print(f"  {k}: predicted decode {pred[k]['decode_tok_per_s']:.1f} tok/s, prefill {pred[k]['prefill_tok_per_s']:.0f} tok/s")
+    os.makedirs(RESULTS, exist_ok=True)
+    out = os.path.join(RESULTS, "compare_llamacpp.json")
+    with open(out, "w") as f:
+        json.dump({"model": path, "file_bytes": file_bytes, "bandwidth": bw, "engines": engines, "predictions": pred,
+                   "prompt_tokens": len(ids), "decode_tokens": args.decode_tokens}, f, indent=2)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
