@@ -66,8 +66,8 @@ def test_unhashed_block_goes_to_head_in_0_33_only():
     m33 = PagedManager(capacity_tokens=96, version="0.33")
     for m in (m11, m33):
         simulate([Request("a", 0, ids(0, 20), 1)], m, check_invariants=True)
-    assert list(m11.free) == [3, 4, 5, 2, 1]
-    assert list(m33.free) == [2, 3, 4, 5, 1]
+    assert m11.free_queue() == [3, 4, 5, 2, 1]
+    assert m33.free_queue() == [2, 3, 4, 5, 1]
 
 
 def test_preemption_takes_the_newest_admission():

@@ -27,8 +27,8 @@ whole prefix, like vLLM's chained hashes, and like vLLM's they are trusted not t
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from itertools import repeat, takewhile
+from collections import deque
+from itertools import islice, repeat, takewhile
 from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError
@@ -100,7 +100,15 @@ class PagedManager(KVManager):
         self.watermark_blocks = int(watermark * num_blocks)
         self.ref = [0] * num_blocks
         self.bhash: list[int | None] = [None] * num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        # The free-block queue, head first: ``head`` (a stack, top = head) then ``fifo`` (a dict in
+        # insertion order). 0.11 appends every freed block to ``fifo``; 0.33 pushes blocks without a
+        # hash onto ``head`` and appends hashed ones to ``fifo``. Hits leave ``fifo`` from the middle.
+        if version == "0.33":
+            self.head: list[int] = list(range(num_blocks - 1, 0, -1))
+            self.fifo: dict[int, None] = {}
+        else:
+            self.head = []
+            self.fifo = dict.fromkeys(range(1, num_blocks))
         self.num_hashed_free = 0  # free blocks that still carry a hash (reusable cache)
         self.cached: dict[int, int] = {}  # block hash -> first block holding it
         self.dups: dict[int, list[int]] = {}  # further blocks with the same hash (no dedup)
@@ -126,13 +134,21 @@ class PagedManager(KVManager):
         return len(self.waiting)
 
     def kv_used_tokens(self) -> int:
-        return (self.usable_blocks - len(self.free)) * self.block_size
+        return (self.usable_blocks - self.num_free) * self.block_size
 
     def kv_cached_tokens(self) -> int:
         return self.num_hashed_free * self.block_size
 
     def hit_rate(self) -> float | None:
         return self.hits / self.queries if self.queries else None
+
+    @property
+    def num_free(self) -> int:
+        return len(self.fifo) + len(self.head)
+
+    def free_queue(self) -> list[int]:
+        """The free-block queue from head (next allocated) to tail."""
+        return self.head[::-1] + list(self.fifo)
 
     # ---------------------------------------------------------------- block pool
     def _keys(self, seq: Seq) -> list[int]:
@@ -172,13 +188,17 @@ class PagedManager(KVManager):
                   dry_run: bool = False) -> bool:
         """``allocate_slots``: reserve blocks for ``num_new`` more tokens; register full blocks."""
         bs = self.block_size
+        if num_new == 1 and not hits and not admitting:  # a decode step inside a block: nothing to do
+            c = seq.num_computed
+            if c % bs and (c + 1) % bs and (self.max_model_len is None or c < self.max_model_len):
+                return True
         total = seq.num_computed + len(hits) * bs + num_new
         if self.max_model_len is not None:
             total = min(total, self.max_model_len)
         need = max(-(-total // bs) - len(seq.blocks) - len(hits), 0)
         ref = self.ref
         free_hits = sum(1 for b in hits if ref[b] == 0)
-        avail = len(self.free)
+        avail = len(self.fifo) + len(self.head)
         check = need
         if admitting and self.version == "0.33":
             check = max(-(-seq.num_tokens // bs) - len(hits), need)  # whole prompt must fit
@@ -188,7 +208,7 @@ class PagedManager(KVManager):
             return False
         if dry_run:
             return True
-        free, bhash = self.free, self.bhash
+        free, bhash = self.fifo, self.bhash
         blocks = seq.blocks
         if hits:
             for b in [b for b in hits if ref[b] == 0]:  # touch: leave the free queue
@@ -198,19 +218,26 @@ class PagedManager(KVManager):
             blocks.extend(hits)
             seq.num_cached_blocks = len(blocks)  # hit blocks are cached already
         if need:
-            pop = free.popitem
-            new = [pop(False)[0] for _ in range(need)]  # from the head: least recently freed
+            head = self.head
+            if len(head) >= need:
+                new = head[-need:][::-1]
+                del head[-need:]
+            else:
+                new = head[::-1]
+                head.clear()
+                rest = list(islice(free, need - len(new)))  # least recently freed first
+                _consume(map(free.__delitem__, rest))
+                new += rest
             hashed = [b for b in new if bhash[b] is not None]
             if hashed:  # lazy eviction of the cached content those blocks held
                 self.num_hashed_free -= len(hashed)
-                cached, dups = self.cached, self.dups
-                for b in hashed:
-                    k = bhash[b]
-                    if k in dups:
+                ks = [bhash[b] for b in hashed]
+                if self.dups and not self.dups.keys().isdisjoint(ks):
+                    for b in hashed:
                         self._evict(b)
-                    else:
-                        bhash[b] = None
-                        del cached[k]
+                else:
+                    _consume(map(self.cached.__delitem__, ks))
+                    _consume(map(bhash.__setitem__, hashed, repeat(None)))
             _consume(map(ref.__setitem__, new, repeat(1)))
             blocks.extend(new)
         if self.enable_prefix_caching:
@@ -235,17 +262,19 @@ class PagedManager(KVManager):
         return True
 
     def _free_seq(self, seq: Seq) -> None:
-        ref, free, bhash = self.ref, self.free, self.bhash
+        ref, free, bhash = self.ref, self.fifo, self.bhash
         rev = seq.blocks[::-1]  # tail block first
         left = [ref[b] - 1 for b in rev]
         _consume(map(ref.__setitem__, rev, left))
         zero = [b for b, r in zip(rev, left) if r == 0]
-        free.update(zip(zero, repeat(None)))  # appended at the tail, in this order
-        unhashed = [b for b in zero if bhash[b] is None]
-        self.num_hashed_free += len(zero) - len(unhashed)
         if self.version == "0.33":  # 0.33: blocks without a hash go to the head, one by one
-            for b in unhashed:
-                free.move_to_end(b, last=False)
+            unhashed = [b for b in zero if bhash[b] is None]
+            self.head += unhashed
+            free.update(dict.fromkeys(b for b in zero if bhash[b] is not None))
+            self.num_hashed_free += len(zero) - len(unhashed)
+        else:  # 0.11: every block to the tail, in this order
+            free.update(dict.fromkeys(zero))
+            self.num_hashed_free += sum(1 for b in zero if bhash[b] is not None)
         seq.blocks = []
         seq.num_cached_blocks = 0
 
@@ -369,7 +398,7 @@ class PagedManager(KVManager):
         while k >= 2:  # enough free blocks for every new block in k steps: no preemption
             c = [s.num_computed for s in running]
             need = sum((x + k - 1) // bs - (x - 1) // bs for x in c)
-            if need <= len(self.free):
+            if need <= self.num_free:
                 break
             k //= 2
         return (k, b, sum(s.num_computed + 1 for s in running)) if k >= 2 else None
@@ -405,13 +434,17 @@ class PagedManager(KVManager):
         if counts != ref:
             bad = [b for b in range(self.num_gpu_blocks) if counts[b] != ref[b]][:5]
             raise InvariantError(f"vllm: ref_cnt disagrees with running block tables at blocks {bad}")
-        free_ids = set(self.free)
+        free_ids = set(self.fifo) | set(self.head)
+        if len(free_ids) != self.num_free:
+            raise InvariantError("vllm: a block sits twice in the free queue")
+        if self.version == "0.33" and any(self.bhash[b] is not None for b in self.head):
+            raise InvariantError("vllm: a hashed block sits in 0.33's unhashed head")
         if 0 in free_ids or ref[0]:
             raise InvariantError("vllm: the null block entered circulation")
         in_use = {b for b in range(1, self.num_gpu_blocks) if ref[b] > 0}
         if in_use & free_ids or len(in_use) + len(free_ids) != self.usable_blocks:
             raise InvariantError("vllm: free queue and in-use blocks do not partition the pool")
-        if self.num_hashed_free != sum(1 for b in self.free if self.bhash[b] is not None):
+        if self.num_hashed_free != sum(1 for b in free_ids if self.bhash[b] is not None):
             raise InvariantError("vllm: hashed-free counter drifted")
         for k, b in self.cached.items():
             if self.bhash[b] != k:
@@ -421,5 +454,5 @@ class PagedManager(KVManager):
         self.check_invariants()
         if self.running or self.waiting:
             raise InvariantError(f"vllm: {len(self.running)} running / {len(self.waiting)} waiting left")
-        if len(self.free) != self.usable_blocks or any(self.ref):
-            raise InvariantError(f"vllm: {self.usable_blocks - len(self.free)} blocks leaked")
+        if self.num_free != self.usable_blocks or any(self.ref):
+            raise InvariantError(f"vllm: {self.usable_blocks - self.num_free} blocks leaked")
