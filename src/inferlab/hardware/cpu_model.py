@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 
-from ..errors import InvalidValueError, UnknownNameError
+from ..errors import InferlabError, InvalidValueError, UnknownNameError
 from .device import Device
 
 # Types a rate can be asked for but which were not measured: the measured type with the same
@@ -89,3 +89,20 @@ def decode_overhead_s_per_layer(device: Device) -> float:
     """Fixed seconds per transformer block per decode step on the CPU backend (graph and
     thread synchronisation), fitted with the rates."""
     return reference_for(device)["overhead_s_per_layer"]
+
+
+def cpu_decode_rate_for_placement(device: Device, placement, n_threads: int | None = None) -> float:
+    """``SpeedModel.cpu_decode_rate``'s signature: the limit for the weights a decode step reads,
+    with the model's own mix of types (its tensor plan, token_embd left out: a row lookup)."""
+    from ..quant.plan import tensor_plan
+
+    model = placement.model
+    try:
+        plan = tensor_plan(model, placement.quant)
+    except InferlabError:  # a label that is not a preset (a file's own tensors): read the file's plan
+        plan = tensor_plan(model, None)
+    mix: dict[str, float] = {}
+    for t in plan:
+        if t.name != "token_embd.weight" and t.ggml_type != "F32":
+            mix[t.ggml_type] = mix.get(t.ggml_type, 0.0) + t.n_bytes
+    return cpu_decode_rate_for_mix(device, mix, n_threads)

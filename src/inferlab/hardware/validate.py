@@ -17,6 +17,7 @@ Random weights decode as fast as trained ones: llama.cpp's kernels do not look a
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -138,6 +139,30 @@ def write_f16_gguf(cfg: ToyConfig, path: str, seed: int = 0) -> str:
     return path
 
 
+@contextlib.contextmanager
+def _quiet_fds():
+    """Send the C library's stdout/stderr to a temporary file; yields a list that holds its text afterwards."""
+    import sys
+    import tempfile
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    said: list[str] = []
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            sink.seek(0)
+            said.append(sink.read().decode(errors="replace"))
+
+
 def quantize(src: str, dst: str, preset: str, *, pure: bool = False, n_threads: int | None = None) -> str:
     """Quantize with llama.cpp's own llama_model_quantize (what llama-quantize runs)."""
     if preset not in FTYPES:
@@ -148,9 +173,11 @@ def quantize(src: str, dst: str, preset: str, *, pure: bool = False, n_threads: 
     params.nthread = n_threads or (os.cpu_count() or 1)
     params.pure = pure
     tmp = dst + ".part"
-    rc = llama_cpp.llama_model_quantize(src.encode(), tmp.encode(), ctypes.byref(params))
+    with _quiet_fds() as said:  # llama.cpp logs every tensor to stderr
+        rc = llama_cpp.llama_model_quantize(src.encode(), tmp.encode(), ctypes.byref(params))
     if rc != 0:
-        raise NotSupportedError(f"llama_model_quantize({preset}) failed with code {rc} on {src}")
+        last = [ln for ln in "".join(said).splitlines() if ln.strip()][-3:]
+        raise NotSupportedError(f"llama_model_quantize({preset}) failed with code {rc} on {src}: {' | '.join(last)}")
     os.replace(tmp, dst)
     return dst
 
@@ -183,8 +210,11 @@ class BenchResult:
     n_threads: int
     n_prompt: int
     n_gen: int
-    pp_tok_s: tuple[float, ...]  # one per repetition
+    pp_tok_s: tuple[float, ...]  # one per repetition, wall clock
     tg_tok_s: tuple[float, ...]
+    # tokens per CPU-second of the calling thread: with n_threads = 1 llama.cpp computes on
+    # that thread, so this is the rate a core reaches undisturbed by other processes
+    tg_cpu_tok_s: tuple[float, ...] = ()
 
     @property
     def pp(self) -> float:
@@ -242,15 +272,16 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
             llama_cpp.llama_synchronize(ctx)
             return n_prompt / (time.perf_counter() - t0)
 
-        def tg_run(n: int) -> float:
+        def tg_run(n: int) -> tuple[float, float]:
             _clear_memory(llama_cpp, ctx)
             tok = rnd.randrange(n_vocab)
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             for _ in range(n):
                 decode([tok])
                 tok = rnd.randrange(n_vocab)
             llama_cpp.llama_synchronize(ctx)
-            return n / (time.perf_counter() - t0)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            return n / (t1 - t0), n / max(c1 - c0, 1e-9)
 
         pp, tg = [], []
         if n_prompt:
@@ -261,7 +292,8 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
             tg = [tg_run(n_gen) for _ in range(repetitions)]
     finally:
         llm.close() if hasattr(llm, "close") else None
-    return BenchResult(model_path, n_threads, n_prompt, n_gen, tuple(pp), tuple(tg))
+    return BenchResult(model_path, n_threads, n_prompt, n_gen, tuple(pp), tuple(w for w, _ in tg),
+                       tuple(c for _, c in tg) if n_threads == 1 else ())
 
 
 def physical_cores() -> int:
