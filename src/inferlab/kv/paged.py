@@ -109,6 +109,7 @@ class PagedManager(KVManager):
         else:
             self.head = []
             self.fifo = dict.fromkeys(range(1, num_blocks))
+        self._fifo_pops = 0
         self.num_hashed_free = 0  # free blocks that still carry a hash (reusable cache)
         self.cached: dict[int, int] = {}  # block hash -> first block holding it
         self.dups: dict[int, list[int]] = {}  # further blocks with the same hash (no dedup)
@@ -228,6 +229,10 @@ class PagedManager(KVManager):
                 rest = list(islice(free, need - len(new)))  # least recently freed first
                 _consume(map(free.__delitem__, rest))
                 new += rest
+                self._fifo_pops += len(rest)
+                if self._fifo_pops > len(free) + 256:  # a dict popped from the front keeps its holes:
+                    self.fifo = dict.fromkeys(free)  # compact it, amortised O(1) per pop
+                    self._fifo_pops = 0
             hashed = [b for b in new if bhash[b] is not None]
             if hashed:  # lazy eviction of the cached content those blocks held
                 self.num_hashed_free -= len(hashed)
