@@ -77,14 +77,19 @@ def test_llama_cpp_quantizes_and_runs_the_toy(tiny_f16, tmp_path):
 @pytest.mark.slow
 @pytest.mark.engine
 def test_decode_prediction_within_25_percent_of_llama_cpp_on_this_machine():
-    """Acceptance: the generated models (Q4_K_M and Q8_0) through llama.cpp, tg measured the
-    llama-bench way, against inferlab's prediction for this machine; the limit is named."""
+    """Acceptance: a generated model that cpu_model's rates were not fitted on (toy-200m), as
+    Q4_K_M and Q8_0, through llama.cpp with the llama-bench method, against inferlab's
+    prediction for this machine; the limit is named. One thread, timed by the CPU time of the
+    thread llama.cpp computes on, so that other processes on a shared machine do not count."""
     pytest.importorskip("llama_cpp")
-    rows = v.validate_llama_cpp(models=("toy-125m",), presets=("Q4_K_M", "Q8_0"), repetitions=2, n_prompt=0, n_gen=64)
+    assert "toy-200m" not in v.FIT_MODELS
+    rows = v.validate_llama_cpp(models=("toy-200m",), presets=("Q4_K_M", "Q8_0"), n_threads=1, repetitions=2,
+                                n_prompt=0, n_gen=64)
     assert [r.preset for r in rows] == ["Q4_K_M", "Q8_0"]
     for r in rows:
-        assert abs(r.tg_error) <= 0.25, (r.preset, r.measured.tg_tok_s, r.predicted_tg, r.limits)
+        measured = r.measured.tg_cpu
+        assert abs(r.predicted_tg / measured - 1) <= 0.25, (r.preset, r.measured.tg_cpu_tok_s, r.predicted_tg, r.limits)
         assert r.limits.dominant in ("bandwidth", "per-core compute")
-    # Q8_0 reads more bytes per token than Q4_K_M: both the measurement and the prediction see it
+    # Q8_0 reads more bytes per token than Q4_K_M: the measurement and the prediction both see it
     assert rows[1].decode_bytes > rows[0].decode_bytes
-    assert rows[1].measured.tg < rows[0].measured.tg and rows[1].predicted_tg < rows[0].predicted_tg
+    assert rows[1].measured.tg_cpu < rows[0].measured.tg_cpu and rows[1].predicted_tg < rows[0].predicted_tg

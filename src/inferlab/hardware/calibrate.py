@@ -82,17 +82,38 @@ def _timed_parallel(threads: int, work: Callable[[int], object], repeats: int) -
     return times
 
 
-def read_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: int = 5) -> Measurement:
+def read_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: int = 5, clock: str = "wall") -> Measurement:
     """DRAM read bandwidth, GB/s (10^9 B/s): ``threads`` threads each sum their own slice of one
-    float64 array of ``total_bytes`` (numpy's reduction runs in C without the GIL)."""
+    float64 array of ``total_bytes`` (numpy's reduction runs in C without the GIL).
+
+    clock "wall": bytes over the wall time of the whole pass (what calibrate records).
+    clock "cpu": each slice's bytes over the CPU time of the thread that read it, summed; the
+    same figure on an idle machine, and not dragged down by other processes on a busy one
+    (there it errs high: threads that did not overlap each had the memory bus alone).
+    """
     check_positive("threads", threads)
+    if clock not in ("wall", "cpu"):
+        raise InvalidValueError(f"clock {clock!r} is not one of wall, cpu")
     np = _numpy()
     total_bytes = total_bytes or default_working_set_bytes()
     data = np.ones(total_bytes // 8, dtype=np.float64)
     parts = np.array_split(data, threads)
-    times = _timed_parallel(threads, lambda i: np.add.reduce(parts[i]), repeats)
-    return Measurement(f"read bandwidth, {threads} thread(s)", "GB/s", tuple(data.nbytes / t / 1e9 for t in times),
-                       detail=f"np.add.reduce over {threads} slice(s) of a {data.nbytes / 2**20:.0f} MiB float64 array")
+    if clock == "wall":
+        times = _timed_parallel(threads, lambda i: np.add.reduce(parts[i]), repeats)
+        samples = tuple(data.nbytes / t / 1e9 for t in times)
+    else:
+        def timed(i: int) -> float:
+            c0 = time.thread_time()
+            np.add.reduce(parts[i])
+            return parts[i].nbytes / max(time.thread_time() - c0, 1e-9)
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(timed, range(threads)))  # warm-up
+            samples = tuple(sum(pool.map(timed, range(threads))) / 1e9 for _ in range(repeats))
+    return Measurement(f"read bandwidth, {threads} thread(s)", "GB/s", samples,
+                       detail=f"np.add.reduce over {threads} slice(s) of a {data.nbytes / 2**20:.0f} MiB float64 array, {clock} clock")
 
 
 def copy_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: int = 5) -> Measurement:

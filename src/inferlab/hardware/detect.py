@@ -184,8 +184,8 @@ def _host_device(cpu: CpuInfo | None, memory: MemoryInfo | None, profile: dict |
     if bandwidth is None:
         bandwidth = _quick_read_bandwidth_gbs(cores)
         if bandwidth is not None:
-            figures.append(Figure("RAM bandwidth", f"{bandwidth:.1f} GB/s", f"measured: quick {cores}-thread numpy read "
-                                  "(run `inferlab calibrate` for a profile with spreads)"))
+            figures.append(Figure("RAM bandwidth", f"{bandwidth:.1f} GB/s", f"measured: quick {cores}-thread numpy read, CPU-time "
+                                  "clock (run `inferlab calibrate` for a profile with spreads)"))
         else:
             bandwidth = 10.0 * cores
             figures.append(Figure("RAM bandwidth", f"{bandwidth:g} GB/s (assumed 10 GB/s per core)",
@@ -215,7 +215,7 @@ def _quick_read_bandwidth_gbs(threads: int) -> float | None:
     except ImportError:
         return None
     try:
-        return read_bandwidth_gbs(threads, total_bytes=128 * 2**20, repeats=3).median
+        return read_bandwidth_gbs(threads, total_bytes=128 * 2**20, repeats=3, clock="cpu").median
     except ImportError:
         return None
 

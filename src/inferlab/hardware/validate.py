@@ -60,8 +60,11 @@ class ToyConfig:
 # K-quant applies without fallbacks; head_dim 64; 4 KV heads (GQA), as small Llama-family models.
 TOY_MODELS: dict[str, ToyConfig] = {
     "toy-125m": ToyConfig("toy-125m", n_embd=768, n_layer=12, n_ff=2048, n_head=12, n_head_kv=4),
+    "toy-200m": ToyConfig("toy-200m", n_embd=1024, n_layer=12, n_ff=2816, n_head=16, n_head_kv=4),
     "toy-290m": ToyConfig("toy-290m", n_embd=1024, n_layer=20, n_ff=2816, n_head=16, n_head_kv=4),
 }
+# cpu_model's rates are fitted on toy-125m and toy-290m only: toy-200m is held out for the test.
+FIT_MODELS = ("toy-125m", "toy-290m")
 
 # llama_ftype values (llama.h) of the presets validate can make; "pure" variants put every
 # tensor in one type (llama-quantize --pure), which cpu_model's measurements use.
@@ -223,6 +226,11 @@ class BenchResult:
     @property
     def tg(self) -> float:
         return statistics.median(self.tg_tok_s) if self.tg_tok_s else float("nan")
+
+    @property
+    def tg_cpu(self) -> float | None:
+        """Median tokens per CPU-second (1 thread only): tg as an otherwise idle core would run it."""
+        return statistics.median(self.tg_cpu_tok_s) if self.tg_cpu_tok_s else None
 
 
 def _clear_memory(llama_cpp, ctx) -> None:
