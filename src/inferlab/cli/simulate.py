@@ -91,16 +91,17 @@ def plot_timeline(runs, path) -> None:
     except ImportError as exc:
         raise MissingDependencyError("matplotlib", "--plot", extra="plot") from exc
     fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
-    for name, run in runs.items():
+    for i, (name, run) in enumerate(runs.items()):
+        color = f"C{i}"
         tl = run.timeline
         n = len(tl["t"])
         stride = max(1, n // 4000)
         t = tl["t"][::stride]
         kv = [a + b for a, b in zip(tl["kv_used_tokens"][::stride], tl["kv_cached_tokens"][::stride])]
-        axes[0].plot(t, tl["kv_used_tokens"][::stride], label=f"{name} in use")
-        axes[0].plot(t, kv, linestyle=":", label=f"{name} in use + cached")
-        axes[1].plot(t, tl["running"][::stride], label=name)
-        axes[2].plot(t, tl["waiting"][::stride], label=name)
+        axes[0].plot(t, tl["kv_used_tokens"][::stride], color=color, label=f"{name} in use")
+        axes[0].plot(t, kv, color=color, linestyle=":", label=f"{name} in use + cached")
+        axes[1].plot(t, tl["running"][::stride], color=color, label=name)
+        axes[2].plot(t, tl["waiting"][::stride], color=color, label=name)
     unit = next(iter(runs.values())).summary["time_unit"]
     axes[0].set_ylabel("KV (tokens)")
     axes[1].set_ylabel("running")

@@ -307,6 +307,7 @@ class PagedManager(KVManager):
 
     def _finish(self, seq: Seq, st: StepStats) -> None:
         self._free_seq(seq)
+        seq.bkeys = None  # block keys are recomputed if ever needed; long traces keep memory flat
         st.finished.append(seq)
 
     def step(self, now: float) -> StepStats:
