@@ -316,9 +316,16 @@ class PagedManager(KVManager):
         scheduled: list[tuple[Seq, int]] = []
         preempted = False
         running = self.running
+        bs, mml = self.block_size, self.max_model_len
         i = 0
         while i < len(running) and budget > 0:  # running requests first
             seq = running[i]
+            c = seq.num_computed
+            if mml is None and seq.prompt_len + seq.num_output - c == 1 and c % bs and (c + 1) % bs:
+                scheduled.append((seq, 1))  # a decode inside its last block: no block work
+                budget -= 1
+                i += 1
+                continue
             num_new = min(seq.num_tokens - seq.num_computed, budget)
             if self.max_model_len is not None:
                 num_new = min(num_new, self.max_model_len - seq.num_computed)
@@ -360,19 +367,27 @@ class PagedManager(KVManager):
             budget -= num_new
         st.num_running = len(running)
         finished = []
-        for seq, num_new in scheduled:
-            decoding = seq.num_computed >= seq.prompt_len
-            if decoding and num_new == 1 and seq.num_output:
-                st.decode_tokens += 1
+        first = st.first_token
+        dec = pre = ctx = 0
+        for seq, num_new in scheduled:  # the forward pass (KVManager.advance, inlined)
+            c = seq.num_computed + num_new
+            seq.num_computed = c
+            ctx += c
+            if num_new == 1 and seq.num_output and c > seq.prompt_len:
+                dec += 1
             else:
-                st.prefill_tokens += num_new
-            st.context_tokens += seq.num_computed + num_new
-            done = self.advance(seq, num_new, st)
-            if (not done and self.max_model_len is not None and seq.num_computed >= self.max_model_len
-                    and seq.num_computed >= seq.num_tokens - 1):
+                pre += num_new
+            done = False
+            if c >= seq.prompt_len + seq.num_output:  # caught up: sample a token
+                seq.num_output += 1
+                if seq.num_output == 1 and seq.first_token_s is None:
+                    first.append(seq)
+                done = seq.num_output >= seq.out_len
+            if not done and mml is not None and c >= mml and c >= seq.num_tokens - 1:
                 seq.truncated = done = True
             if done:
                 finished.append(seq)
+        st.decode_tokens, st.prefill_tokens, st.context_tokens = dec, pre, ctx
         if finished:
             gone = set(map(id, finished))
             self.running = [s for s in running if id(s) not in gone]
