@@ -4,6 +4,8 @@ every tensor's type and the file's tensor bytes with the plan."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from inferlab.errors import FileFormatError
@@ -47,8 +49,10 @@ def _read(path) -> dict[str, tuple[str, int]]:
     return {t.name: (t.tensor_type.name, int(t.n_bytes)) for t in r.tensors}
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("model", list(SPECS))
+MAIN_CASES = [(m, p) for m in ("gqa", "mha") for p in PRESETS] + [("moe8", "Q4_K_M"), ("moe8", "Q2_K"), ("moe8", "MXFP4_MOE")]
+
+
+@pytest.mark.parametrize("model,preset", MAIN_CASES)
 def test_plan_matches_llama_quantize(sources, tmp_path, model, preset):
     dst = quantize_gguf(sources[model], tmp_path / f"{model}-{preset}.gguf", preset, n_threads=2)
     real = _read(dst)
@@ -90,33 +94,43 @@ def test_written_model_runs_in_llama_cpp(sources):
         llm.close()
 
 
-# the other presets, on a smaller model (IQ quantizers are slow); those made with an importance
-# matrix get a neutral one (uniform_imatrix): the matrix changes values, not the rules' choices
-# beyond the documented imatrix rules, which Preset(imatrix=True) plans
+# the other presets, on smaller models (the IQ quantizers are slow: about 5 us per weight for
+# IQ1/IQ2 on this CPU). Those made with an importance matrix get a neutral one (uniform_imatrix).
+# The default run covers every preset once; INFERLAB_FULL_QUANT_TEST=1 runs each on a GQA and a
+# non-GQA model (about 10 minutes here; all passed when written).
+FULL = os.environ.get("INFERLAB_FULL_QUANT_TEST") == "1"
 SMALL = ModelSpec(name="small GQA", arch="llama", n_layers=16, d_model=256, n_heads=8, n_kv_heads=2,
                   head_dim=32, d_ff=640, vocab_size=320, n_ctx_train=2048)
 SMALL_MHA = ModelSpec(name="small MHA", arch="llama", n_layers=16, d_model=256, n_heads=4, n_kv_heads=4,
                       head_dim=64, d_ff=512, vocab_size=320, n_ctx_train=2048)
-MORE = [
+TINY = ModelSpec(name="tiny GQA, 8 layers", arch="llama", n_layers=8, d_model=256, n_heads=8, n_kv_heads=2,
+                 head_dim=32, d_ff=384, vocab_size=300, n_ctx_train=2048)  # 3.7M weights
+FAST = [  # on SMALL: a second or two each
     ("F16", None), ("BF16", None), ("Q5_0", None), ("Q5_1", None), ("Q4_1", None), ("Q3_K_S", None),
-    ("Q3_K_L", None), ("Q4_K_S", None), ("Q5_K_S", None), ("IQ4_NL", None), ("IQ4_XS", False),
-    ("IQ4_XS", True), ("Q4_0", True), ("IQ3_M", None), ("IQ3_S", None), ("IQ3_XS", True), ("IQ3_XXS", True),
-    ("IQ3_XXS", False), ("IQ2_M", True), ("IQ2_S", True), ("IQ2_XS", True), ("IQ2_XXS", True), ("IQ1_M", True),
-    ("IQ1_S", True), ("Q2_K_S", True), ("TQ1_0", None), ("TQ2_0", None),
+    ("Q3_K_L", None), ("Q4_K_S", None), ("Q5_K_S", None), ("Q4_0", True), ("IQ3_XXS", False), ("TQ1_0", None),
+    ("TQ2_0", None),
 ]
+MID = [  # on TINY: a few seconds each
+    ("IQ4_NL", None), ("IQ4_XS", False), ("IQ4_XS", True), ("IQ3_M", None), ("IQ3_S", None), ("IQ3_XS", True),
+    ("IQ2_M", True), ("Q2_K_S", True),
+]
+# the first IQ1/IQ2 quantization of each grid in a process builds its lookup tables: 20-90 s
+SLOW = [("IQ3_XXS", True), ("IQ2_S", True), ("IQ2_XS", True), ("IQ2_XXS", True), ("IQ1_M", True), ("IQ1_S", True)]
+CASES = [("small-gqa", p, i) for p, i in FAST] + [("tiny-gqa", p, i) for p, i in MID]
+if FULL:
+    CASES += [("tiny-gqa", p, i) for p, i in SLOW] + [("small-mha", p, i) for p, i in FAST + MID + SLOW]
+MODELS_FOR = {"small-gqa": SMALL, "small-mha": SMALL_MHA, "tiny-gqa": TINY}
 
 
 @pytest.fixture(scope="module")
 def small_sources(tmp_path_factory):
     d = tmp_path_factory.mktemp("gguf-small")
-    return {"gqa": write_gguf(SMALL, d / "small-gqa.gguf", seed=7), "mha": write_gguf(SMALL_MHA, d / "small-mha.gguf", seed=8)}
+    return {k: write_gguf(spec, d / f"{k}.gguf", seed=7 + i) for i, (k, spec) in enumerate(MODELS_FOR.items())}
 
 
-@pytest.mark.parametrize("preset,imatrix", MORE, ids=[f"{p}-{'imatrix' if i else 'static'}" for p, i in MORE])
-@pytest.mark.parametrize("model", ["gqa", "mha"])
-def test_more_presets_match_llama_quantize(small_sources, tmp_path, model, preset, imatrix):
-    spec = SMALL if model == "gqa" else SMALL_MHA
-    src = small_sources[model]
+@pytest.mark.parametrize("model,preset,imatrix", CASES, ids=[f"{m}-{p}-{'imatrix' if i else 'static'}" for m, p, i in CASES])
+def test_every_preset_matches_llama_quantize(small_sources, tmp_path, model, preset, imatrix):
+    spec, src = MODELS_FOR[model], small_sources[model]
     q = Preset(preset, imatrix=imatrix)
     if preset == "IQ3_XXS" and imatrix is False:
         # the plan says this file needs an imatrix, and llama.cpp refuses to make it without one
@@ -130,3 +144,9 @@ def test_more_presets_match_llama_quantize(small_sources, tmp_path, model, prese
     planned = {e.name: (e.ggml_type, e.n_bytes) for e in tensor_plan(spec, q)}
     wrong = {n: (planned[n], real[n]) for n in real if planned.get(n) != real[n]}
     assert set(planned) == set(real) and not wrong, f"{len(wrong)} differ (planned, llama.cpp): {dict(list(wrong.items())[:8])}"
+
+
+def test_every_preset_is_exercised():
+    """Every preset has a case here (SLOW ones with INFERLAB_FULL_QUANT_TEST=1), F32 aside."""
+    covered = {p for p, _ in FAST + MID + SLOW} | {p for _, p in MAIN_CASES}
+    assert covered | {"F32"} == set(presets())
