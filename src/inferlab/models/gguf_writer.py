@@ -166,7 +166,8 @@ def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, preset, n_thre
     from ..quant.presets import Preset, resolve_quant
     from ..quant.types import ggml_type
 
-    q = resolve_quant(preset if not isinstance(preset, str) else "preset:" + preset)
+    # a bare name means the preset here ("Q6_K" is llama-quantize's Q6_K); "type:"/"preset:" are kept
+    q = resolve_quant(preset if not isinstance(preset, str) or ":" in preset else "preset:" + preset)
     if not isinstance(q, Preset):
         raise NotSupportedError(f"quantize_gguf needs a llama-quantize preset, got {q.label}")
     if q.imatrix and imatrix is None:
