@@ -105,11 +105,13 @@ def _plan(model: ModelSpec, quant: Preset | PureType) -> tuple[PlanEntry, ...]:
         # llama-quantize refuses this preset without an importance matrix: plan the file made with one
         types = plan_types(tensors, model, quant, imatrix=True, prepared=prep)
     table = ggml_types()
+    make = tuple.__new__  # PlanEntry(...) without the keyword-handling constructor: plans are hot
     entries = []
     for t, ty, n, rows in zip(tensors, types, n_elements, n_rows):
         g = table[ty]
         # bytes = whole blocks per row x bytes per block x rows (ggml_row_size * nrows)
-        entries.append(PlanEntry(t.name, t.shape, n, ty, t.shape[0] // g.block_size * g.type_size * rows, t.layer, t.is_expert))
+        n_bytes = t.shape[0] // g.block_size * g.type_size * rows
+        entries.append(make(PlanEntry, (t.name, t.shape, n, ty, n_bytes, t.layer, t.is_expert)))
     return tuple(entries)
 
 
