@@ -57,7 +57,8 @@ def cpu_decode_rate_bytes_per_s(device: Device, ggml_type: str, n_threads: int |
     cores). This is the compute limit of CPU decode only; the caller takes the minimum with the
     memory limit η·β. Threads past the physical cores add nothing (SMT shares the vector units).
 
-    rate = per-core rate of the type (measured) x effective threads (measured scaling).
+    rate = per-core rate of the type x threads x parallel efficiency (both measured with llama.cpp;
+    data/cpu_limits.json says on which CPU, how and when).
     """
     if not device.is_cpu:
         raise InvalidValueError(f"{device.name!r} is a {device.backend} device; CPU decode rates apply to cpu devices")
@@ -72,7 +73,8 @@ def cpu_decode_rate_bytes_per_s(device: Device, ggml_type: str, n_threads: int |
     if key not in rates:
         raise UnknownNameError("ggml type with a measured CPU rate", ggml_type, list(rates) + list(_STAND_IN))
     used = min(threads, cores)
-    return rates[key] * used * ref["thread_scaling"] ** (used - 1)  # per core x threads x measured scaling loss
+    eff = ref["parallel_efficiency"][key] if used > 1 else 1.0  # threads synchronise after every matmul
+    return rates[key] * used * eff  # per-core rate x threads x measured parallel efficiency
 
 
 def cpu_decode_rate_for_mix(device: Device, bytes_by_type: Mapping[str, float], n_threads: int | None = None) -> float:
@@ -97,10 +99,15 @@ def cpu_decode_rate_for_placement(device: Device, placement, n_threads: int | No
     from ..quant.plan import tensor_plan
 
     model = placement.model
-    try:
-        plan = tensor_plan(model, placement.quant)
-    except InferlabError:  # a label that is not a preset (a file's own tensors): read the file's plan
-        plan = tensor_plan(model, None)
+    plan = None
+    for quant in (placement.quant, str(placement.quant).split(" (")[0], None):  # label, its preset/type, the file's own
+        try:
+            plan = tensor_plan(model, quant)
+            break
+        except InferlabError:
+            continue
+    if plan is None:
+        raise InvalidValueError(f"cannot tell the tensor types of {model.name!r} from the placement's quant {placement.quant!r}")
     mix: dict[str, float] = {}
     for t in plan:
         if t.name != "token_embd.weight" and t.ggml_type != "F32":

@@ -25,7 +25,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ..errors import InvalidValueError, MissingDependencyError, NotSupportedError, UnknownNameError
+from ..errors import InferlabError, InvalidValueError, MissingDependencyError, NotSupportedError, UnknownNameError
 
 
 @dataclass(frozen=True)
@@ -393,8 +393,8 @@ def _predict_with_perf_model(model_path: str, preset: str, machine, n_prompt: in
 
         got = predicted_bench(model_from_gguf(model_path), preset, machine, n_prompt=n_prompt, n_gen=n_gen)
         return float(got["pp"]), float(got["tg"]), ""
-    except (ImportError, NotImplementedError, TypeError, KeyError) as exc:
-        return None, None, f"perf_model.llama_bench unavailable ({type(exc).__name__}: {exc})"
+    except (ImportError, NotImplementedError, TypeError, KeyError, AttributeError, InferlabError) as exc:
+        return None, None, f"perf_model.llama_bench failed here ({type(exc).__name__}: {exc})"
 
 
 def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tuple[str, ...] = ("Q4_K_M", "Q8_0"),

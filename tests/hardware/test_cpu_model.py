@@ -1,0 +1,91 @@
+"""cpu_model: the measured dequantize+dot rates (data/cpu_limits.json) and how they combine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from inferlab.errors import InvalidValueError, UnknownNameError
+from inferlab.hardware.catalog import DEVICES, HOSTS
+from inferlab.hardware.cpu_model import (
+    cpu_decode_rate_bytes_per_s,
+    cpu_decode_rate_for_mix,
+    cpu_decode_rate_for_placement,
+    decode_overhead_s_per_layer,
+    limits,
+    reference_for,
+)
+from inferlab.hardware.device import Device
+
+HOST = Device("AMD EPYC", 25.0, 12.0, 0.1, backend="cpu", n_cores=2, notes="ISA: fma, f16c, avx2")
+
+
+def test_every_reference_has_its_source_command_and_positive_rates():
+    data = limits()
+    assert data["references"], data
+    for ref in data["references"]:
+        assert ref["source"] and "benchmarks/cpu_decode_rates.py" in ref["command"] and ref["date"]
+        assert set(ref["per_core_bytes_per_s"]) >= {"Q4_K", "Q6_K", "Q8_0", "F16"}
+        assert all(v > 1e8 for v in ref["per_core_bytes_per_s"].values())  # at least 0.1 GB/s per core
+        assert all(0 < e <= 1 for e in ref["parallel_efficiency"].values())
+        assert ref["overhead_s_per_layer"] >= 0 and 0 < ref["decode_bw_eff"] <= 1
+
+
+def test_rate_grows_with_threads_up_to_the_physical_cores_only():
+    one = cpu_decode_rate_bytes_per_s(HOST, "Q4_K", 1)
+    two = cpu_decode_rate_bytes_per_s(HOST, "Q4_K", 2)
+    assert one < two <= 2 * one
+    assert cpu_decode_rate_bytes_per_s(HOST, "Q4_K", 8) == two  # 2 cores: more threads add nothing
+    assert cpu_decode_rate_bytes_per_s(HOST, "Q4_K") == two  # default: all cores
+
+
+def test_types_without_a_measurement_use_a_stand_in_and_unknown_ones_are_errors():
+    assert cpu_decode_rate_bytes_per_s(HOST, "Q4_0", 1) == cpu_decode_rate_bytes_per_s(HOST, "Q4_K", 1)
+    with pytest.raises(UnknownNameError, match="Q4_K"):
+        cpu_decode_rate_bytes_per_s(HOST, "Q9_Z", 1)
+    with pytest.raises(InvalidValueError, match="n_threads"):
+        cpu_decode_rate_bytes_per_s(HOST, "Q4_K", 0)
+    with pytest.raises(InvalidValueError, match="cpu devices"):
+        cpu_decode_rate_bytes_per_s(DEVICES["rtx4090"], "Q4_K", 1)
+
+
+def test_a_mix_takes_the_time_of_each_part():
+    a, b = cpu_decode_rate_bytes_per_s(HOST, "Q4_K"), cpu_decode_rate_bytes_per_s(HOST, "Q8_0")
+    mix = cpu_decode_rate_for_mix(HOST, {"Q4_K": 3e6, "Q8_0": 1e6})
+    assert mix == pytest.approx(4e6 / (3e6 / a + 1e6 / b))
+    assert min(a, b) <= mix <= max(a, b)
+    with pytest.raises(InvalidValueError):
+        cpu_decode_rate_for_mix(HOST, {})
+
+
+def test_placement_adapter_reads_the_quant_plan():
+    from inferlab.models.catalog import MODELS
+    from inferlab.perf_model import place
+
+    m = MODELS["llama-2-7b"]
+    machine = replace(__import__("inferlab.hardware.catalog", fromlist=["MACHINES"]).MACHINES["cpu-ddr5"])
+    p = place(m, machine, "Q8_0")
+    assert cpu_decode_rate_for_placement(HOSTS["ddr5-dual"], p) == pytest.approx(cpu_decode_rate_bytes_per_s(HOSTS["ddr5-dual"], "Q8_0"))
+
+
+def test_the_model_reproduces_the_measured_2_thread_rates():
+    ref = limits()["references"][0]
+    for ty, rate in ref["rates_bytes_per_s_by_threads"]["2"].items():
+        assert cpu_decode_rate_bytes_per_s(HOST, ty, 2) == pytest.approx(rate, rel=0.01)
+
+
+def test_the_fit_explains_every_measured_run_within_15_percent():
+    """Seconds per token from the stored rates and overhead against the stored measurements."""
+    from inferlab.hardware.validate import TOY_MODELS
+
+    ref = limits()["references"][0]
+    for m in ref["measurements"]:
+        n_layer = TOY_MODELS[m["model"]].n_layer
+        predicted_s = n_layer * ref["overhead_s_per_layer"] + m["weight_bytes_per_token"] / cpu_decode_rate_bytes_per_s(HOST, m["type"], m["threads"])
+        assert predicted_s * m["tg64_tok_s"] == pytest.approx(1.0, abs=0.15), m
+
+
+def test_reference_choice_and_overhead():
+    assert reference_for(HOST)["simd"] in {r["simd"] for r in limits()["references"]}
+    assert decode_overhead_s_per_layer(HOST) < 1e-3  # well under a millisecond per block
