@@ -268,14 +268,29 @@ class PagedManager(KVManager):
 
     def _free_seq(self, seq: Seq) -> None:
         ref, free, bhash = self.ref, self.fifo, self.bhash
-        rev = seq.blocks[::-1]  # tail block first
+        blocks, nc = seq.blocks, seq.num_cached_blocks
+        if not any(ref[b] - 1 for b in blocks):  # nothing shared: every block becomes free
+            # blocks[:nc] carry hashes (hits and registered blocks), the rest (the partial tail) not
+            _consume(map(ref.__setitem__, blocks, repeat(0)))
+            hashed_rev = blocks[nc - 1::-1] if nc else []  # tail block first
+            unhashed_rev = blocks[:nc - 1:-1] if nc else blocks[::-1]
+            if self.version == "0.33":
+                self.head += unhashed_rev  # pushed to the head one by one
+                free.update(dict.fromkeys(hashed_rev))
+            else:
+                free.update(dict.fromkeys(unhashed_rev + hashed_rev))
+            self.num_hashed_free += nc
+            seq.blocks = []
+            seq.num_cached_blocks = 0
+            return
+        rev = blocks[::-1]  # tail block first
         left = [ref[b] - 1 for b in rev]
         _consume(map(ref.__setitem__, rev, left))
         zero = [b for b, r in zip(rev, left) if r == 0]
         if self.version == "0.33":  # 0.33: blocks without a hash go to the head, one by one
             unhashed = [b for b in zero if bhash[b] is None]
             self.head += unhashed
-            free.update(dict.fromkeys(b for b in zero if bhash[b] is not None))
+            free.update(dict.fromkeys([b for b in zero if bhash[b] is not None]))
             self.num_hashed_free += len(zero) - len(unhashed)
         else:  # 0.11: every block to the tail, in this order
             free.update(dict.fromkeys(zero))
