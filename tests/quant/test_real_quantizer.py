@@ -150,3 +150,28 @@ def test_every_preset_is_exercised():
     """Every preset has a case here (SLOW ones with INFERLAB_FULL_QUANT_TEST=1), F32 aside."""
     covered = {p for p, _ in FAST + MID + SLOW} | {p for _, p in MAIN_CASES}
     assert covered | {"F32"} == set(presets())
+
+
+# the other architectures the writer lays out: biases (qwen2, tied embeddings), qk-norm and 16
+# experts (qwen3moe), shared experts with their gate (qwen2moe, 8 experts, no GQA)
+ARCHS = {
+    "qwen2": ModelSpec(name="small qwen2", arch="qwen2", n_layers=8, d_model=256, n_heads=8, n_kv_heads=2, head_dim=32,
+                       d_ff=640, vocab_size=320, attn_bias=True, tied_embeddings=True),
+    "qwen3moe": ModelSpec(name="small qwen3moe", arch="qwen3moe", n_layers=8, d_model=256, n_heads=8, n_kv_heads=2,
+                          head_dim=64, d_ff=0, vocab_size=320, qk_norm=True, n_experts=16, n_experts_used=4,
+                          d_ff_expert=128),
+    "qwen2moe": ModelSpec(name="small qwen2moe", arch="qwen2moe", n_layers=8, d_model=256, n_heads=8, n_kv_heads=8,
+                          head_dim=32, d_ff=0, vocab_size=320, attn_bias=True, n_experts=8, n_experts_used=2,
+                          d_ff_expert=128, n_shared_experts=1, d_ff_shared=256, shared_expert_gate=True),
+}
+
+
+@pytest.mark.parametrize("preset", ["Q4_K_M", "Q3_K_M"])
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_other_architectures_match_llama_quantize(tmp_path, arch, preset):
+    spec = ARCHS[arch]
+    src = write_gguf(spec, tmp_path / "src.gguf", seed=3)
+    real = _read(quantize_gguf(src, tmp_path / "q.gguf", preset))
+    planned = {e.name: (e.ggml_type, e.n_bytes) for e in tensor_plan(spec, Preset(preset))}
+    wrong = {n: (planned.get(n), real[n]) for n in real if planned.get(n) != real[n]}
+    assert set(planned) == set(real) and not wrong, f"{len(wrong)} differ (planned, llama.cpp): {dict(list(wrong.items())[:8])}"
