@@ -149,13 +149,15 @@ def test_plan_equals_llama_quantize(layout, tmp_path):
     assert model_from_gguf(src).file_type == "F16"
     gguf = pytest.importorskip("gguf")
     mismatches = []
-    for preset in [*LADDER, "IQ4_XS"]:  # IQ4_XS: an i-quant llama.cpp makes without an imatrix
+    # IQ4_XS: an i-quant llama.cpp makes without an imatrix (slow to make: not for the MoE layout)
+    for preset in LADDER + (["IQ4_XS"] if spec.n_experts == 0 else []):
         dst = quantize_gguf(src, tmp_path / f"{preset}.gguf", preset)
         quantized = model_from_gguf(dst)
         # the reader on llama.cpp's own output: same model, file type, and gguf.GGUFReader's tensor table
         assert quantized == dataclasses.replace(spec, source=quantized.source, file_type=preset)
-        truth = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type.name, int(t.n_bytes)) for t in gguf.GGUFReader(str(dst)).tensors}
-        assert {t.name: (t.shape, t.ggml_type, t.n_bytes) for t in quantized.tensors} == truth
+        if preset in ("Q4_K_M", "IQ4_XS"):  # gguf.GGUFReader is slow: one or two files per layout
+            truth = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type.name, int(t.n_bytes)) for t in gguf.GGUFReader(str(dst)).tensors}
+            assert {t.name: (t.shape, t.ggml_type, t.n_bytes) for t in quantized.tensors} == truth
         real = {t.name: (list(t.shape), t.ggml_type, t.n_bytes) for t in quantized.tensors}
         plan = plan_json(src, "--quant", preset)["plans"][0]
         predicted = {t["name"]: (t["shape"], t["type"], t["n_bytes"]) for t in plan["tensors"]}
