@@ -87,6 +87,11 @@ def test_hf_folder_source(kit, tmp_path):
     # every 2-D weight Q8_0 (row of 128: 4 blocks of 34 bytes), 1-D F32
     expect = sum(t.n_elements // 32 * 34 if len(t.shape) > 1 else 4 * t.n_elements for t in tensor_inventory(spec))
     assert d["plans"][0]["total_bytes"] == expect
+    # with a checkpoint beside the config, the table's header gives its real size
+    st_numpy = pytest.importorskip("safetensors.numpy")
+    np = pytest.importorskip("numpy")
+    st_numpy.save_file({"model.embed_tokens.weight": np.zeros((384, 128), np.float16)}, str(tmp_path / "model.safetensors"))
+    assert "checkpoint: 98.3 kB of safetensors" in run(tmp_path, "--quant", "Q8_0")
 
 
 def test_bad_quant_is_one_line_exit_2():

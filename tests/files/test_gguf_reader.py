@@ -260,3 +260,24 @@ def test_files_from_inferlab_write_gguf(kit, family, tmp_path):
     assert _normalized(got) == _normalized(spec)
     assert got.file_type == "F16" and got.extra["n_vocab_tokens"] == 320
     assert {t.name: t.shape for t in got.tensors} == {t.name: t.shape for t in tensor_inventory(spec)}
+
+
+def test_custom_alignment(kit, tmp_path):
+    """general.alignment other than 32: offsets and the data start follow it."""
+    spec = kit.spec_for("qwen3")
+    path = tmp_path / "a64.gguf"
+    w = gguf.GGUFWriter(str(path), spec.arch)
+    w.add_custom_alignment(256)
+    for k, (v, t) in kit.gguf_metadata(spec).items():
+        w.add_key_value(k, v, t)
+    import numpy as np
+
+    for t in tensor_inventory(spec):
+        w.add_tensor(t.name, np.zeros(tuple(reversed(t.shape)), np.float32 if len(t.shape) == 1 else np.float16))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    h = read_gguf_header(path)
+    assert h.alignment == 256 and h.data_offset % 256 == 0
+    assert all(off % 256 == 0 for off in h.tensor_offsets)
+    r = gguf.GGUFReader(str(path))
+    assert [int(t.data_offset) for t in r.tensors] == [h.data_offset + off for off in h.tensor_offsets]
+    assert _normalized(model_from_gguf(path)) == _normalized(spec)
