@@ -18,6 +18,10 @@ Semantics (../shared/reference/kv_managers.md section 1, vllm 0.11.0 and 0.33.0)
 * 0.33 only admits a waiting request if its whole prompt (minus hits) fits
   (``scheduler_reserve_full_isl``) and records hit metrics at admission (0.11: at every lookup).
 
+Not modelled: ``enable_chunked_prefill=False``, the priority policy,
+``long_prefill_token_threshold``, speculative decoding, LoRA / multimodal / cache-salt extra keys,
+hybrid (sliding-window, Mamba) managers, hash granularity finer than a block (0.33).
+
 Block hashes: the key of a block inside one run of consecutive ids is
 ``hash((key of the block before the run, first id of the run's first full block)) + offset``;
 a block that spans runs hashes ``(parent key, its explicit ids)``. Both are functions of the

@@ -19,6 +19,12 @@ Semantics (../shared/reference/kv_managers.md section 2, sglang 0.5.2 and 0.5.23
   prompt) is retracted until the rest has 20 steps of headroom; ``new_token_ratio`` then
   restarts from the remaining batch's progress, and decays by (init - min)/600 per decode step.
 
+Not modelled: the in-batch prefix check that deprioritises waiting requests sharing an
+uncached prefix (cache-aware policies only), ``--enable-mixed-chunk``, the overlap scheduler,
+HiCache, priority scheduling and eviction strategies other than ``lru``; ``max_running_requests``
+defaults to ``min(capacity // 2, 4096)`` (SGLang also caps it by its request pool of 2048-4096).
+The batch-full flag set by a failed admission is cleared when a request finishes or is retracted.
+
 Token pool accounting is by counts: the tree's tokens plus each running request's private
 tokens (those not yet in the tree) never exceed ``capacity_tokens``.
 """

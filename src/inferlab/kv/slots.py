@@ -20,7 +20,11 @@ Semantics (../shared/reference/kv_managers.md section 3, llama.cpp server source
   "context size exceeded";
 * a prompt of ``n_ctx_slot`` tokens or more is rejected; generation stops (truncated) when the
   slot's context is full (``--context-shift`` is off by default).
-Not modelled: ``--cache-reuse`` (KV shifting, default off), context shift, LoRA batching.
+Simplifications: split KV gives each slot ``n_ctx // np`` cells (llama.cpp pads the context to
+256 first); an idle slot purged for room is the least recently used one; "halving the batch"
+processes the largest ``n_batch / 2^k`` tokens that fit, decodes first.
+Not modelled: ``--cache-reuse`` (KV shifting, default off), context shift, LoRA batching,
+``id_slot`` requests.
 """
 
 from __future__ import annotations
