@@ -166,7 +166,7 @@ ARCHS = {
 }
 
 
-@pytest.mark.parametrize("preset", ["Q4_K_M", "Q3_K_M"])
+@pytest.mark.parametrize("preset", ["Q4_K_M"] + (["Q3_K_M", "IQ4_XS"] if FULL else []))
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_other_architectures_match_llama_quantize(tmp_path, arch, preset):
     spec = ARCHS[arch]

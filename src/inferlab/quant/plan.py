@@ -23,6 +23,10 @@ from .presets import Preset, PureType, resolve_quant
 from .rules import Prepared, layer_of, plan_types, prepare, requires_imatrix
 from .types import ggml_types
 
+# Preset, PureType and resolve_quant are re-exported: callers name quants through this module
+__all__ = ["LayerBytes", "PlanEntry", "Preset", "PureType", "effective_bpw", "layer_bytes", "resolve_quant",
+           "tensor_plan", "weight_bytes"]
+
 
 class PlanEntry(NamedTuple):
     """One tensor of the planned (or read) file (an immutable record: a sweep makes many thousands)."""
