@@ -166,3 +166,31 @@ def _hash_ids(r: Request, block_tokens: int) -> list[int]:
     """The block hash ids of a Mooncake-derived prompt (each block starts at h * block_tokens)."""
     n = len(r.prompt)
     return [r.prompt[i] // block_tokens for i in range(0, n, block_tokens)]
+
+
+def prefix_hit_upper_bound(requests: Sequence[Request], block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> float:
+    """Share of Mooncake prompt tokens an unbounded token-granular cache could reuse.
+
+    A request reuses its longest prefix shared with any earlier prompt, minus its last token
+    (always computed). Hash ids name whole prefixes, so the shared prefix is the run of leading
+    blocks seen before, extended into the first block that an earlier prompt held only in part.
+    """
+    seen: dict[int, int] = {}  # hash id -> longest part of its block seen so far
+    reusable = total = 0
+    for r in requests:
+        n = len(r.prompt)
+        hashes = _hash_ids(r, block_tokens)
+        hit = 0
+        for i, h in enumerate(hashes):
+            size = min(block_tokens, n - i * block_tokens)
+            have = seen.get(h, 0)
+            hit += min(size, have)
+            if have < size:
+                break
+        reusable += min(hit, n - 1)
+        total += n
+        for i, h in enumerate(hashes):
+            size = min(block_tokens, n - i * block_tokens)
+            if seen.get(h, 0) < size:
+                seen[h] = size
+    return reusable / total if total else 0.0
