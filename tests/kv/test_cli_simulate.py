@@ -45,3 +45,19 @@ def test_errors_are_one_line_exit_2():
     assert r.exit_code == 2 and "vllm" in r.output
     r = CliRunner().invoke(cli, ["simulate", "--capacity-tokens", "384"])
     assert r.exit_code == 2 and "--workload" in r.output
+
+
+def test_model_on_machine_sizes_the_pool_and_prices_steps():
+    import pytest
+
+    pytest.importorskip("inferlab.perf_model")
+    from inferlab.kv.pool import kv_pool_tokens
+
+    res = CliRunner().invoke(cli, ["simulate", "--workload", "seed-chat", "--model", "llama-3.1-8b", "--on", "rtx4090",
+                                   "--engine", "vllm,sglang", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    for e in ("vllm", "sglang"):
+        assert out[e]["config"]["capacity_tokens"] == kv_pool_tokens(e, "llama-3.1-8b", "rtx4090")
+        assert out[e]["summary"]["time_unit"] == "s"
+        assert 0 < out[e]["summary"]["ttft"]["p50"] < 1
