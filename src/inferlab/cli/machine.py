@@ -132,30 +132,36 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
         click.echo(json.dumps([{
             "model": r.model, "preset": r.preset, "n_params": r.n_params, "decode_bytes": r.decode_bytes, "threads": r.n_threads,
             "pp_measured": r.measured.pp, "pp_samples": list(r.measured.pp_tok_s), "pp_predicted": r.predicted_pp, "pp_error": r.pp_error,
-            "tg_measured": r.measured.tg, "tg_samples": list(r.measured.tg_tok_s), "tg_predicted": r.predicted_tg, "tg_error": r.tg_error,
+            "tg_measured": r.measured.tg, "tg_samples": list(r.measured.tg_tok_s), "tg_cpu_samples": list(r.measured.tg_cpu_tok_s),
+            "tg_predicted": r.predicted_tg, "tg_error": r.tg_error,
             "dominant_limit": r.limits.dominant, "memory_s": r.limits.memory_s, "compute_s": r.limits.compute_s,
             "overhead_s": r.limits.overhead_s, "eta": r.limits.eta, "bandwidth_gbs": r.limits.bandwidth_gbs,
-            "predicted_by": r.predicted_by} for r in rows], indent=1))
+            "perf_model_pp": r.perf_model_pp, "perf_model_tg": r.perf_model_tg, "perf_model_tg_error": r.perf_model_tg_error,
+            "perf_model_note": r.perf_model_note} for r in rows], indent=1))
         return
     from rich.table import Table
 
     t = Table(title=f"llama.cpp on this machine vs inferlab ({rows[0].n_threads if rows else '?'} threads, median of {repetitions})",
               title_justify="left")
-    for col in ("model", "preset", "MB/token", f"pp{n_prompt} meas.", "pred.", "err", f"tg{n_gen} meas.", "pred.", "err", "decode limit"):
-        t.add_column(col, justify="left" if col in ("model", "preset", "decode limit") else "right")
+    for col in ("model", "preset", "MB/tok", f"pp{n_prompt}", "pred.", "err", f"tg{n_gen}", "pred.", "err", "perf_model", "limit"):
+        t.add_column(col, justify="left" if col in ("model", "preset", "limit") else "right")
 
     def pct(e):
         return "—" if e is None else f"{e:+.0%}"
 
     for r in rows:
+        pm = "—" if r.perf_model_tg is None else f"{r.perf_model_tg:.1f} ({pct(r.perf_model_tg_error)})"
         t.add_row(r.model, r.preset, f"{r.decode_bytes / 1e6:.0f}", f"{r.measured.pp:.1f}",
                   "—" if r.predicted_pp is None else f"{r.predicted_pp:.1f}", pct(r.pp_error),
-                  f"{r.measured.tg:.1f}", f"{r.predicted_tg:.1f}", pct(r.tg_error), r.limits.dominant)
+                  f"{r.measured.tg:.1f}", f"{r.predicted_tg:.1f}", pct(r.tg_error), pm,
+                  "bandwidth" if r.limits.dominant == "bandwidth" else "per-core")
     con.print(t)
     if rows:
         r = rows[0]
-        con.print(f"decode prediction: {r.predicted_by}")
-        con.print(f"limits: bandwidth = bytes / ({r.limits.eta:.2f} x {r.limits.bandwidth_gbs:.1f} GB/s measured); "
-                  "per-core compute = bytes / (dequantize+dot rate per core x threads), see inferlab.hardware.cpu_model")
+        con.print(f"decode: bandwidth limit = bytes / ({r.limits.eta:.2f} x {r.limits.bandwidth_gbs:.1f} GB/s measured); per-core limit = "
+                  "bytes / (llama.cpp's dequantize+dot rate per core x threads, inferlab.hardware.cpu_model) + overhead per layer")
+        con.print("prefill: 2 FLOP per weight at the measured fp32 matmul rate x the CPU prefill efficiency (cpu_model)")
+        if r.perf_model_note:
+            con.print(f"[dim]perf_model: {r.perf_model_note}[/]")
         worst = max(abs(x.tg_error) for x in rows)
-        con.print(f"worst decode error: {worst:.0%} — predictions for this machine are {'within' if worst <= 0.25 else 'outside'} 25 %")
+        con.print(f"worst decode error: {worst:.0%}: decode predictions for this machine are {'within' if worst <= 0.25 else 'outside'} 25 %")

@@ -356,10 +356,15 @@ class ValidationRow:
     decode_bytes: int  # weight bytes read per decoded token
     n_threads: int
     measured: BenchResult
-    limits: DecodeLimits
-    predicted_tg: float  # tok/s
-    predicted_pp: float | None
-    predicted_by: str  # which model made the prediction
+    limits: DecodeLimits  # inferlab's CPU decode model: η·β against the measured per-core rates
+    predicted_pp: float | None  # prefill: 2 FLOP per weight at the CPU's prefill efficiency
+    perf_model_pp: float | None = None  # perf_model.llama_bench (the calibrated speed model), when it answers
+    perf_model_tg: float | None = None
+    perf_model_note: str = ""  # why perf_model gave no figures
+
+    @property
+    def predicted_tg(self) -> float:
+        return self.limits.tok_s
 
     @property
     def tg_error(self) -> float:
@@ -369,6 +374,17 @@ class ValidationRow:
     @property
     def pp_error(self) -> float | None:
         return None if self.predicted_pp is None else self.predicted_pp / self.measured.pp - 1.0
+
+    @property
+    def perf_model_tg_error(self) -> float | None:
+        return None if self.perf_model_tg is None else self.perf_model_tg / self.measured.tg - 1.0
+
+
+def _n_elements(t) -> int:
+    n = 1
+    for d in t.shape:
+        n *= d
+    return n
 
 
 def decode_limits(bytes_by_type: dict[str, int], n_layer: int, ram, n_threads: int, eta: float | None = None) -> DecodeLimits:
@@ -407,6 +423,9 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
     machine = machine or detect_machine()
     n_threads = n_threads or physical_cores()
     jobs = [(m, p, toy_model(m, p)) for m in models for p in presets] + [(os.path.basename(g), None, g) for g in gguf_paths]
+    from .cpu_model import reference_for
+
+    prefill_eff = reference_for(machine.ram)["prefill_eff_vs_fp32_matmul"]
     rows = []
     for name, preset, path in jobs:
         spec = model_from_gguf(path)
@@ -414,18 +433,16 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
         by_type = decode_bytes_by_type(path)
         measured = llama_bench(path, n_threads, n_prompt, n_gen, repetitions)
         limits = decode_limits(by_type, spec.n_layers, machine.ram, n_threads)
-        pp, tg, why = _predict_with_perf_model(path, preset, machine, n_prompt, n_gen)
-        if tg is None:
-            tg, by = limits.tok_s, f"inferlab cpu_model (bandwidth η·β vs per-core rates; {why})"
-        else:
-            by = "perf_model.llama_bench (calibrated)"
-        if pp is None and machine.ram.fp32_tflops:
-            flops = 2.0 * sum(t.n_bytes and (t.shape[0] * (t.shape[1] if len(t.shape) > 1 else 1))
-                              for t in spec.tensors if t.name != "token_embd.weight") * n_prompt  # 2 FLOP per weight per token
-            pp = n_prompt / (flops / (machine.ram.fp32_tflops * 1e12))
-        row = ValidationRow(name, preset, sum(
-            (t.shape[0] * (t.shape[1] if len(t.shape) > 1 else 1)) for t in spec.tensors),
-            sum(by_type.values()), n_threads, measured, limits, tg, pp, by)
+        pm_pp, pm_tg, why = _predict_with_perf_model(path, preset, machine, n_prompt, n_gen)
+        pp = None
+        if n_prompt and machine.ram.fp32_tflops:
+            weights = sum(_n_elements(t) for t in spec.tensors if t.name != "token_embd.weight" and len(t.shape) > 1)
+            flops = 2.0 * weights * n_prompt  # one multiply-add per weight per prompt token
+            cores = machine.ram.n_cores or n_threads
+            peak = machine.ram.fp32_tflops * 1e12 * min(n_threads, cores) / cores  # the matmul rate of the threads used
+            pp = n_prompt / (flops / (prefill_eff * peak))
+        row = ValidationRow(name, preset, sum(_n_elements(t) for t in spec.tensors), sum(by_type.values()), n_threads,
+                            measured, limits, pp, pm_pp, pm_tg, why)
         rows.append(row)
         if on_row:
             on_row(row)
