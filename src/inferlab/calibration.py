@@ -112,15 +112,17 @@ def fitted_constants() -> dict:
 
 
 def _cpu_rate():
-    try:
-        from .hardware.cpu_model import cpu_decode_rate_bytes_per_s
-    except ImportError:
-        return None
+    """The CPU's dequantize-and-dot limit, measured with llama.cpp (hardware/cpu_model.py)."""
+    from .hardware.cpu_model import cpu_decode_rate_for_placement
 
-    def rate(dev: Device, placement) -> float:
-        return cpu_decode_rate_bytes_per_s(dev, placement)
+    return cpu_decode_rate_for_placement
 
-    return rate
+
+def _cpu_overhead() -> float:
+    from .hardware.catalog import DDR5_DUAL
+    from .hardware.cpu_model import decode_overhead_s_per_layer
+
+    return decode_overhead_s_per_layer(DDR5_DUAL)  # the measured reference CPU's graph/sync cost per block
 
 
 @cache
@@ -132,7 +134,7 @@ def CALIBRATED() -> SpeedModel:  # noqa: N802 (a constant built lazily)
         "calibrated",
         decode_bw_eff_by_backend={b: v["eta"] for b, v in k.items() if v},
         prefill_compute_eff_by_backend={b: v["eps"] for b, v in k.items() if v},
-        layer_overhead_s={b: v["layer_overhead_s"] for b, v in k.items() if v},
+        layer_overhead_s={**{b: v["layer_overhead_s"] for b, v in k.items() if v}, "cpu": _cpu_overhead()},
         cpu_decode_rate=_cpu_rate(),
         op_offload_transfers_per_ubatch=True,
         attention_flops=True,

@@ -131,6 +131,7 @@ class Placement:
     ctx_reduced: bool = False  # --fit shrank an unset context
     unified: bool = False
     notes: tuple[str, ...] = field(default=())
+    scheme: object = None  # the resolved quant (Preset or PureType); None: the file's own tensors
 
     @property
     def cpu(self) -> DeviceUse:
@@ -246,8 +247,9 @@ def place(
         raise InvalidValueError(f"n_gpu_layers must be an integer >= 0 (at most {L + 1} for {model.name}), got {n_gpu_layers!r}")
     if n_cpu_moe < 0:
         raise InvalidValueError(f"n_cpu_moe must be >= 0, got {n_cpu_moe!r}")
-    pre = _prefix(model, resolve_quant(quant) if quant is not None else None)
-    label = resolve_quant(quant).label if quant is not None else (model.file_type or "file")
+    scheme = resolve_quant(quant) if quant is not None else None
+    pre = _prefix(model, scheme)
+    label = scheme.label if scheme is not None else (model.file_type or "file")
     gpus = machine.gpus
     if cpu_moe:
         n_cpu_moe = L
@@ -258,7 +260,7 @@ def place(
     ctx = n_ctx if user_ctx else model.n_ctx_train
 
     def build(ngl: int, c: int, auto: bool = False, ctx_reduced: bool = False) -> Placement:
-        return _build(model, machine, pre, label, c, kv_type, min(ngl, ngl_max), n_cpu_moe, tensor_split, no_kv_offload, n_seq,
+        return _build(model, machine, pre, scheme, label, c, kv_type, min(ngl, ngl_max), n_cpu_moe, tensor_split, no_kv_offload, n_seq,
                       n_ubatch, fit_target_bytes, order, auto, ctx_reduced)
 
     if n_gpu_layers is not None:
@@ -335,8 +337,8 @@ def _shrink_ctx(build, ngl: int, ctx: int, fit_ctx: int, fit_target: float) -> P
     return build(ngl, lo * 256)
 
 
-def _build(model, machine, pre: _Prefix, label, n_ctx, kv_type, ngl, n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target, order,
-           auto=False, ctx_reduced=False) -> Placement:
+def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target,
+           order, auto=False, ctx_reduced=False) -> Placement:
     L = model.n_layers
     gpus = machine.gpus
     n_dev = 1 + len(gpus)
@@ -421,4 +423,4 @@ def _build(model, machine, pre: _Prefix, label, n_ctx, kv_type, ngl, n_cpu_moe, 
         reasons.append(f"host memory needs {host_need / GB:.2f} GB but has {host_cap / GB:.2f} GB "
                        "(with mmap llama.cpp still starts, paging weights from disk at drive speed)")
     return Placement(model, machine, label, n_ctx, kv_type, ngl, tuple(devs), not reasons, "; ".join(reasons),
-                     auto=auto, ctx_reduced=ctx_reduced, unified=machine.unified)
+                     auto=auto, ctx_reduced=ctx_reduced, unified=machine.unified, scheme=scheme)

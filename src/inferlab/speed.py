@@ -75,7 +75,8 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
     """Seconds for one decode step of `batch` sequences at `context` cached tokens each.
 
     Returns total_s, tok_per_s (tokens generated per second, all sequences), gpu_s, cpu_s,
-    per_device (seconds and bytes), bound ("memory" or "compute" for the slowest device) and
+    per_device (seconds and bytes), bound of the slowest device ("memory", "compute", or
+    "cpu-kernels" when the CPU's dequantize-and-dot throughput, not its memory, limits it) and
     bottleneck (a sentence).
     """
     _check_ctx("context", context)
@@ -89,21 +90,28 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
         kv = batch * _kv_read(d, context, spec.sliding_window)  # every sequence reads its own cache
         bytes_ = weights + kv
         bw = hw.bandwidth_bytes_per_s * model.eta(hw)
+        kernel_bound = False
         if hw.is_cpu and model.cpu_decode_rate is not None and weights:
-            bw = min(bw, model.cpu_decode_rate(hw, placement))
+            rate = model.cpu_decode_rate(hw, placement)  # dequantize-and-dot throughput of the cores
+            kernel_bound = rate < bw
+            bw = min(bw, rate)
         mem_s = bytes_ / bw
         flops = batch * (d.flops_per_token + d.attn_flops_per_token_ctx * context)
         comp_s = flops / (hw.fp16_flops * model.decode_compute_eff)
         over = model.layer_overhead_s.get(hw.backend, 0.0) * d.n_blocks
         t = max(mem_s, comp_s) + over if (bytes_ or flops) else 0.0
         per.append({"device": d.name, "kind": d.kind, "s": t, "bytes": bytes_, "weights_bytes": weights, "kv_bytes": kv,
-                    "memory_s": mem_s, "compute_s": comp_s, "overhead_s": over, "bound": "compute" if comp_s > mem_s else "memory"})
+                    "memory_s": mem_s, "compute_s": comp_s, "overhead_s": over,
+                    "bound": "compute" if comp_s > mem_s else ("cpu-kernels" if kernel_bound else "memory")})
     total = sum(p["s"] for p in per)
     cpu_s = per[0]["s"]
     gpu_s = total - cpu_s
     slow = max(per, key=lambda p: p["s"])
     if cpu_s > 0.5 * total and placement.gpus:
         why = f"partial offload: {cpu_s / total:.0%} of each step is spent on the CPU's layers in system RAM"
+    elif slow["bound"] == "cpu-kernels":
+        why = (f"per-core compute on {slow['device']}: the CPU cores dequantize and multiply the weights slower "
+               f"than its memory delivers them ({slow['bytes'] / 1e9:.2f} GB per step)")
     elif slow["bound"] == "compute":
         why = f"compute-bound on {slow['device']} (batch {batch} is past the ridge point)"
     else:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
-from ..errors import InferlabError, InvalidValueError, UnknownNameError
+from ..errors import InvalidValueError, UnknownNameError
 from .device import Device
 
 # Types a rate can be asked for but which were not measured: the measured type with the same
@@ -96,20 +96,15 @@ def decode_overhead_s_per_layer(device: Device) -> float:
 def cpu_decode_rate_for_placement(device: Device, placement, n_threads: int | None = None) -> float:
     """``SpeedModel.cpu_decode_rate``'s signature: the limit for the weights a decode step reads,
     with the model's own mix of types (its tensor plan, token_embd left out: a row lookup)."""
+    return _rate_for_plan(device, placement.model, placement.scheme, n_threads)
+
+
+@lru_cache(maxsize=4096)
+def _rate_for_plan(device: Device, model, scheme, n_threads: int | None) -> float:
     from ..quant.plan import tensor_plan
 
-    model = placement.model
-    plan = None
-    for quant in (placement.quant, str(placement.quant).split(" (")[0], None):  # label, its preset/type, the file's own
-        try:
-            plan = tensor_plan(model, quant)
-            break
-        except InferlabError:
-            continue
-    if plan is None:
-        raise InvalidValueError(f"cannot tell the tensor types of {model.name!r} from the placement's quant {placement.quant!r}")
     mix: dict[str, float] = {}
-    for t in plan:
+    for t in tensor_plan(model, scheme):
         if t.name != "token_embd.weight" and t.ggml_type != "F32":
             mix[t.ggml_type] = mix.get(t.ggml_type, 0.0) + t.n_bytes
     return cpu_decode_rate_for_mix(device, mix, n_threads)
