@@ -168,3 +168,20 @@ def test_whole_mooncake_trace_stays_under_the_bound():
         s = simulate(reqs, m, record_timeline=False).summary
         assert s["finished"] + s["rejected"] == len(reqs)
         assert 0 < s["prefill_saved_frac"] <= bound, m.engine
+
+
+@needs_traces
+def test_unbounded_pool_without_overlap_reaches_the_bound():
+    # Steps priced near zero: every request is done before the next arrives, so only the cache
+    # decides. SGLang (token granular) reuses exactly the bound; vLLM loses at most the partial
+    # 16-token block at the end of each shared prefix.
+    from inferlab.kv.time_model import TimeModel
+
+    reqs = load_mooncake(TRACES / "conversation_trace.jsonl", limit=300)
+    bound = prefix_hit_upper_bound(reqs)
+    instant = TimeModel.linear(prefill_tok_per_s=1e9, decode_step_s=1e-7)
+    radix = simulate(reqs, RadixManager(capacity_tokens=1 << 28), time_model=instant, record_timeline=False)
+    assert radix.summary["prefill_saved_frac"] == pytest.approx(bound)
+    paged = simulate(reqs, PagedManager(capacity_tokens=1 << 28), time_model=instant, record_timeline=False)
+    prompt = sum(len(r.prompt) for r in reqs)
+    assert bound - 16 * len(reqs) / prompt <= paged.summary["prefill_saved_frac"] <= bound
