@@ -66,6 +66,12 @@ def test_bad_configs():
         model_from_hf_config({**base, "num_hidden_layers": -2})
     with pytest.raises(ConfigError, match="multiple"):
         model_from_hf_config({**base, "num_key_value_heads": 3})
+    with pytest.raises(ConfigError, match="rope_scaling"):
+        model_from_hf_config({**base, "rope_scaling": "llama3"})
+    with pytest.raises(ConfigError, match="sliding_window_pattern"):
+        model_from_hf_config({**base, "model_type": "gemma3_text", "head_dim": 16, "sliding_window": 8, "sliding_window_pattern": "six"})
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        model_from_hf_config({**base, "num_key_value_heads": "4"})
     with pytest.raises(ConfigError, match="JSON object"):
         model_from_hf_config(["not", "a", "dict"])
     with pytest.raises(UnknownNameError, match="llama-3.1-8b"):

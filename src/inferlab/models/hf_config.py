@@ -61,13 +61,17 @@ def model_from_hf_config(config: Mapping[str, Any], name: str | None = None, sou
 
     def opt(key: str, default: Any) -> Any:
         v = config.get(key)
-        return default if v is None else v
+        if v is None:
+            return default
+        if isinstance(default, int) and not isinstance(default, bool) and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ConfigError(f"config of {label!r}: field {key!r} must be a non-negative integer, got {v!r}")
+        return v
 
     n_layers = req("num_hidden_layers")
     d_model = req("hidden_size")
     n_heads = req("num_attention_heads")
-    n_kv = opt("num_key_value_heads", n_heads)
-    head_dim = opt("head_dim", d_model // n_heads)
+    n_kv = opt("num_key_value_heads", n_heads) or n_heads
+    head_dim = opt("head_dim", d_model // n_heads) or d_model // n_heads
     vocab = req("vocab_size")
     kw: dict[str, Any] = dict(
         name=str(label),
@@ -85,6 +89,8 @@ def model_from_hf_config(config: Mapping[str, Any], name: str | None = None, sou
         hf_id=str(config.get("_name_or_path") or ""),
     )
     rope_scaling = config.get("rope_scaling") or {}
+    if not isinstance(rope_scaling, Mapping):
+        raise ConfigError(f"config of {label!r}: field 'rope_scaling' must be an object, got {rope_scaling!r}")
     rope_type = rope_scaling.get("rope_type") or rope_scaling.get("type")
 
     if arch == "llama":
@@ -102,7 +108,7 @@ def model_from_hf_config(config: Mapping[str, Any], name: str | None = None, sou
         kw["post_norms"] = True
         kw["qk_norm"] = arch == "gemma3"
         kw["tied_embeddings"] = True  # gemma never has a separate output head
-        window = config.get("sliding_window")
+        window = opt("sliding_window", 0)
         if window:
             period = 2 if arch == "gemma2" else int(opt("sliding_window_pattern", 6))
             kw["sliding_window"] = window
@@ -126,6 +132,8 @@ def model_from_hf_config(config: Mapping[str, Any], name: str | None = None, sou
         kw.update(attn_bias=True, attn_out_bias=True, attn_sinks=True, expert_bias=True)
         window = opt("sliding_window", 128)
         layer_types = config.get("layer_types")
+        if layer_types is not None and (not isinstance(layer_types, list) or len(layer_types) != n_layers):
+            raise ConfigError(f"config of {label!r}: 'layer_types' must list one type per layer ({n_layers}), got {layer_types!r}")
         swa = tuple(t == "sliding_attention" for t in layer_types) if layer_types else _swa_pattern(n_layers, 2)
         kw.update(sliding_window=window, swa_layers=swa)
     elif arch == "deepseek2":
