@@ -52,6 +52,8 @@ def test_this_machine_cpu_cores_ram_and_no_gpu():
     flags = open("/proc/cpuinfo").read()
     assert d.cpu.has("avx2") == (" avx2" in flags) and d.cpu.has("amx") == (" amx_tile" in flags)
     assert d.cpu.has("avx512") == (" avx512f" in flags)
+    said = {f.what: f.value for f in d.figures}
+    assert said["AMX"] == ("yes" if " amx_tile" in flags else "no") and said["AVX-512"] == ("yes" if " avx512f" in flags else "no")
     assert d.machine.cpu_only and d.gpus == () and d.machine.gpu is None
     meminfo = int(open("/proc/meminfo").readline().split()[1]) * 1024
     assert d.machine.ram.memory_bytes == pytest.approx(meminfo, rel=1e-6)

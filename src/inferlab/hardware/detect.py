@@ -159,6 +159,10 @@ def _host_device(cpu: CpuInfo | None, memory: MemoryInfo | None, profile: dict |
                               if cpu.physical_cores else f"{cpu.logical_cores} logical (physical unknown)", f"read: {cpu.source}"))
         figures.append(Figure("ISA", ", ".join(cpu.features) or "none of " + ", ".join(("avx2", "avx512", "amx", "neon")),
                               f"read: {cpu.source}"))
+        names = {"avx2": "AVX2", "avx512": "AVX-512", "amx": "AMX"} if cpu.arch in ("x86_64", "amd64", "i686", "") and not cpu.has("neon") \
+            else {"neon": "NEON", "dotprod": "dot product", "i8mm": "int8 matmul (i8mm)", "sve": "SVE"}
+        for key, label in names.items():
+            figures.append(Figure(label, "yes" if cpu.has(key) else "no", f"read: {cpu.source}"))
     if cpu_name is not None:  # forced catalog device for the host
         if cpu_name not in catalog or not catalog[cpu_name].is_cpu:
             raise UnknownNameError("host memory preset", cpu_name, [n for n, d in catalog.items() if d.is_cpu])
