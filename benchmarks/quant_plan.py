@@ -49,6 +49,8 @@ def size_errors() -> list[dict]:
 
     def quant(r):
         q = resolve_quant("preset:" + r["quant"].upper())
+        if r["quant"] == "Q2_K" and "2023 rules" in r["notes"]:
+            return Preset(q.name, rules="2023")  # made with 2023's Q2_K mix
         return Preset(q.name, imatrix=True) if r["uploader"] == "bartowski" and q.imatrix is None and q.display_name is None else q
 
     meta = {MODEL_IDS[r["model"]]: r["size_bytes"] - weight_bytes(MODELS[MODEL_IDS[r["model"]]], quant(r))["total"]
@@ -79,8 +81,8 @@ def main() -> None:
     for e in errs:
         print(f"  {e['model']:12s} {e['uploader']:13s} {e['quant']:9s} {e['unit']:20s} planned {e['planned_bytes'] / 1e9:7.3f} GB "
               f"published {e['published_bytes'] / 1e9:7.3f} GB  error {e['error'] * 100:+6.2f}%")
-    a = [abs(e["error"]) for e in errs if not (e["quant"] == "Q2_K" and "2023 rules" in e["notes"])]
-    print(f"size error over {len(a)} rows (without the 2023-rules Llama-2 Q2_K row): median {statistics.median(a) * 100:.3f}%, "
+    a = [abs(e["error"]) for e in errs]
+    print(f"size error over {len(a)} rows: median {statistics.median(a) * 100:.3f}%, "
           f"max {max(a) * 100:.3f}%")
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -154,3 +154,12 @@ def test_output_type_reaches_a_tied_token_embd():
     assert _type_of("llama-3.2-1b", q, "token_embd.weight") == "Q8_0"
     assert _type_of("llama-3.1-8b", q, "token_embd.weight") == "Q4_K"  # untied: only output.weight
     assert _type_of("llama-3.1-8b", q, "output.weight") == "Q8_0"
+
+
+def test_2023_q2_k_mix():
+    """Before early 2024 llama.cpp's Q2_K put ffn_gate and ffn_up in Q3_K as well."""
+    old = Preset("Q2_K", rules="2023")
+    for role in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "attn_output.weight", "attn_v.weight"):
+        assert set(_types("llama-2-7b", old, role)) == {"Q3_K"}, role
+    assert set(_types("llama-2-7b", "preset:Q2_K", "ffn_gate.weight")) == {"Q2_K"}
+    assert set(_types("llama-2-7b", old, "attn_q.weight")) == {"Q2_K"}

@@ -30,7 +30,7 @@ from ..errors import InvalidValueError, UnknownNameError
 from .types import ggml_type, ggml_types
 
 # llama.cpp versions whose rules differ in ways that change a file's bytes (see rules.py)
-RULE_VERSIONS = ("master", "2025")
+RULE_VERSIONS = ("master", "2025", "2023")
 # presets whose every quantizable tensor gets the base type (output and token_embd included):
 # for these the preset and the bare type of the same name plan the same file
 UNIFORM_PRESETS = frozenset({"F32", "F16", "BF16", "Q8_0", "Q6_K"})
@@ -104,7 +104,8 @@ class Preset:
     Q4_0/Q5_0 ffn_down). None means "only if the preset cannot be made without one" (IQ1/IQ2/IQ3_XXS,
     IQ3_XS, Q2_K_S), which is what llama-quantize allows.
     output_type / token_embd_type: --output-tensor-type / --token-embedding-type.
-    rules: "master" (llama.cpp from late 2025 on) or "2025" (before attn_qkv joined the attn_v rules).
+    rules: "master" (llama.cpp from late 2025 on), "2025" (before attn_qkv joined the attn_v rules) or
+    "2023" (also Q2_K's old ffn_gate/ffn_up in Q3_K, removed in early 2024); see quant.rules.
     """
 
     name: str

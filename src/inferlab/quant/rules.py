@@ -24,6 +24,10 @@ Version differences (``Preset.rules``):
 - "2025" (before): attn_qkv has its own rule (Q3_K_M/Q3_K_L/IQ3_M -> Q4_K, Q4_K_M -> Q5_K,
   Q5_K_M -> Q6_K on every layer); Q2_K/Q3_K fall back to IQ4_NL (same 18 bytes per 32 weights as
   Q4_0, so sizes agree). Published Phi-3.5-mini files made in 2024 follow this.
+- "2023": "2025" plus the Q2_K rule llama.cpp removed in early 2024, ffn_gate and ffn_up in Q3_K
+  (its source keeps the removed lines, commented "IK: let's remove this, else Q2_K is almost the
+  same as Q3_K_S"). Only that rule is modelled; files such as llama-bench's Llama-2-7B Q2_K of 2023
+  match it to 0.03%.
 - Falcon's own branches are left out: inferlab has no Falcon architecture.
 """
 
@@ -372,6 +376,8 @@ def _mix(quant: Preset, new: str, name: str, shape: tuple[int, ...], cat: str, a
             return "Q4_K"
         return {"Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(ftype, new)
     if cat in (FFN_GATE, FFN_UP):
+        if ftype == "Q2_K" and quant.rules == "2023":
+            return "Q3_K"  # removed early 2024: "else Q2_K is almost the same as Q3_K_S"
         i = layer_info()
         if ftype == "IQ3_XS" and n_layer // 8 <= i < 7 * n_layer // 8:
             return "IQ3_XXS"
