@@ -171,6 +171,7 @@ def test_whole_mooncake_trace_stays_under_the_bound():
 
 
 @needs_traces
+@pytest.mark.slow
 def test_unbounded_pool_without_overlap_reaches_the_bound():
     # Steps priced near zero: every request is done before the next arrives, so only the cache
     # decides. SGLang (token granular) reuses exactly the bound; vLLM loses at most the partial
