@@ -92,6 +92,13 @@ def test_the_catalog_device_can_be_forced():
         inspect_machine(gpu="rtx4909", runner=replay(LINUX_L4), nvml=NoNVML(), profile=PROFILE, catalog=CATALOG, system="Linux")
 
 
+def test_forcing_a_gpu_on_a_machine_without_one():
+    d = inspect_machine(gpu="rtx3090", runner=replay({}), nvml=NoNVML(), profile=PROFILE, catalog=CATALOG, system="Linux")
+    assert d.machine.gpu == DEVICES["rtx3090"] and d.machine.pcie_gbs == pytest.approx(31.5, abs=0.05)
+    with pytest.raises(UnknownNameError, match="rtx4090"):
+        inspect_machine(gpu="rtx4909", runner=replay({}), nvml=NoNVML(), profile=PROFILE, catalog=CATALOG, system="Linux")
+
+
 def test_forcing_a_host_preset_for_the_cpu():
     d = inspect_machine(cpu="ddr5-dual", runner=replay({}), nvml=NoNVML(), profile=None, catalog=CATALOG, system="Linux")
     assert d.machine.ram.bandwidth_gbs == HOSTS["ddr5-dual"].bandwidth_gbs

@@ -27,6 +27,7 @@ from .probes.rocm import probe_rocm
 # Vector FP32 FLOP per cycle per core (two FMA pipes x lanes x 2): the estimate used only when
 # there is no calibration profile. Source: vendor optimisation manuals (Zen 2-4 and Skylake-SP+:
 # 2x256-bit or 2x512-bit FMA; Apple Firestorm: 4x128-bit FMA).
+PCIE_ASSUMED_GBS = pcie_gbs(4, 16)  # when no tool reports the link: PCIe 4.0 x16, the common desktop slot
 FP32_FLOP_PER_CYCLE = {"amx": 64, "avx512": 64, "avx2": 32, "neon": 32, "scalar": 4}
 
 
@@ -312,16 +313,24 @@ def inspect_machine(*, gpu: str | None = None, cpu: str | None = None, runner: R
     if not gpus:
         figures.append(Figure("GPU", "none", "read: " + "; ".join(f"{r.probe}: {r.detail}" for r in reports
                                                                    if r.probe in ("nvml", "nvidia-smi -q -x", "rocm-smi"))))
+        if gpu is not None:  # forced with none detected: this machine as if it had that card
+            if gpu not in cat or cat[gpu].is_cpu:
+                raise UnknownNameError("GPU", gpu, [n for n, d in cat.items() if not d.is_cpu])
+            devices.append(cat[gpu])
+            figures.append(Figure("GPU 0 (forced)", cat[gpu].name, f"catalog: {gpu} (forced; no GPU was detected)"))
     pcie = 0.0
     first = gpus[0] if gpus else None
+    if devices and apple is None and first is None:  # the forced GPU: a PCIe 4.0 x16 slot assumed
+        pcie = PCIE_ASSUMED_GBS
+        figures.append(Figure("PCIe host link", f"{pcie:.1f} GB/s per direction (gen 4 x16)", "unknown: assumed for the forced GPU"))
     if devices and apple is None and first is not None:
         link = pcie_gbs(first.pcie_gen_max, first.pcie_width_max)
         if link is not None:
             pcie = link
             figures.append(Figure("PCIe host link", f"{pcie:.1f} GB/s per direction", f"read: {first.source} (gen x width)"))
         else:
-            pcie = 25.0
-            figures.append(Figure("PCIe host link", "25 GB/s (assumed gen 4 x16 payload)", "unknown: the GPU tool gave no link figures"))
+            pcie = PCIE_ASSUMED_GBS
+            figures.append(Figure("PCIe host link", f"{pcie:.1f} GB/s per direction (gen 4 x16)", "unknown: assumed; the GPU tool gave no link figures"))
     unified = apple is not None and bool(devices)
     if unified:
         ram = replace(ram, memory_gb=devices[0].memory_gb)
