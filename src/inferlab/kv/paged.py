@@ -419,8 +419,9 @@ class PagedManager(KVManager):
         running = self.running
         if not running or len(running) > self.max_num_batched_tokens:
             return None
-        if any(s.num_computed != s.num_tokens - 1 or not s.num_output for s in running):
-            return None  # a prefill (chunk) is still running
+        for s in reversed(running):  # the newest admissions are the likeliest to be prefilling
+            if not s.num_output or s.prompt_len + s.num_output - s.num_computed != 1:
+                return None  # a prefill (chunk) is still running
         if self.waiting and len(running) < self.max_num_seqs and len(running) < self.max_num_batched_tokens:
             if self.version == "0.11":
                 return None  # 0.11 counts every lookup in its metrics
