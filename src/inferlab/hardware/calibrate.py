@@ -83,8 +83,10 @@ def _timed_parallel(threads: int, work: Callable[[int], object], repeats: int) -
 
 
 def read_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: int = 5, clock: str = "wall") -> Measurement:
-    """DRAM read bandwidth, GB/s (10^9 B/s): ``threads`` threads each sum their own slice of one
-    float64 array of ``total_bytes`` (numpy's reduction runs in C without the GIL).
+    """DRAM read bandwidth, GB/s (10^9 B/s): ``threads`` threads each take the maximum of their own
+    slice of one float64 array of ``total_bytes`` (numpy's reduction runs in C without the GIL;
+    a max is one vector instruction per 32 bytes, so memory, not arithmetic, bounds it: a sum,
+    with its pairwise additions, reads about 15 % slower with two threads here).
 
     clock "wall": bytes over the wall time of the whole pass (what calibrate records).
     clock "cpu": each slice's bytes over the CPU time of the thread that read it, summed; the
@@ -99,12 +101,12 @@ def read_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: in
     data = np.ones(total_bytes // 8, dtype=np.float64)
     parts = np.array_split(data, threads)
     if clock == "wall":
-        times = _timed_parallel(threads, lambda i: np.add.reduce(parts[i]), repeats)
+        times = _timed_parallel(threads, lambda i: np.maximum.reduce(parts[i]), repeats)
         samples = tuple(data.nbytes / t / 1e9 for t in times)
     else:
         def timed(i: int) -> float:
             c0 = time.thread_time()
-            np.add.reduce(parts[i])
+            np.maximum.reduce(parts[i])
             return parts[i].nbytes / max(time.thread_time() - c0, 1e-9)
 
         from concurrent.futures import ThreadPoolExecutor
@@ -113,7 +115,7 @@ def read_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: in
             list(pool.map(timed, range(threads)))  # warm-up
             samples = tuple(sum(pool.map(timed, range(threads))) / 1e9 for _ in range(repeats))
     return Measurement(f"read bandwidth, {threads} thread(s)", "GB/s", samples,
-                       detail=f"np.add.reduce over {threads} slice(s) of a {data.nbytes / 2**20:.0f} MiB float64 array, {clock} clock")
+                       detail=f"np.maximum.reduce over {threads} slice(s) of a {data.nbytes / 2**20:.0f} MiB float64 array, {clock} clock")
 
 
 def copy_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: int = 5) -> Measurement:
