@@ -46,6 +46,7 @@ class _Prefix:
 
     token_embd: float  # input embeddings (always host)
     output: float  # output head + final norm (+ rope tables): llama.cpp's "output layer"
+    tied_output: float  # token_embd bytes when the output head is tied to it (else 0)
     output_params: float  # weights the output matmul multiplies (2 FLOPs each per token)
     block: tuple[float, ...]  # all weights of each block
     expert: tuple[float, ...]  # routed-expert weights (stacked *_exps tensors)
@@ -77,14 +78,16 @@ def _prefix(model: ModelSpec, quant) -> _Prefix:
             active[t.layer] += t.n_elements * used  # a token reaches n_used of n_experts
         else:
             active[t.layer] += t.n_elements
+    tied = 0.0
     if model.tied_embeddings:
-        # llama.cpp duplicates token_embd as the output head onto the output layer's device
+        # the output head is token_embd itself: read every step, and copied (TENSOR_DUPLICATED)
+        # only when the output layer lives on another device than the host
         emb = next(t for t in plan if t.name == "token_embd.weight")
-        out += emb.n_bytes
+        tied = float(emb.n_bytes)
         out_params += emb.n_elements
     kv = [model.kv_elements_per_token(i) for i in range(n)]
     swa = [model.layer_is_swa(i) for i in range(n)]
-    return _Prefix(embd, out, out_params, _cumsum(block), _cumsum(expert), _cumsum(active),
+    return _Prefix(embd, out, tied, out_params, _cumsum(block), _cumsum(expert), _cumsum(active),
                    _cumsum(0 if w else k for k, w in zip(kv, swa)), _cumsum(k if w else 0 for k, w in zip(kv, swa)),
                    _cumsum(_attn_flops_per_ctx(model, i) for i in range(n)))
 
@@ -315,7 +318,7 @@ def _gpu_curve(model: ModelSpec, pre: _Prefix, n_ctx: int, kv_type: str, n_seq: 
         else:
             lo, hi, out = max(L + 1 - ngl, 0), L, True
         # the first GPU reserves the logits either way (its own output head, or op offload)
-        curve.append(blocks(lo, hi) + (pre.output if out else 0.0) + compute_buffer_bytes(model, n_ubatch, True))
+        curve.append(blocks(lo, hi) + (pre.output + pre.tied_output if out else 0.0) + compute_buffer_bytes(model, n_ubatch, True))
     return tuple(curve)
 
 
@@ -400,8 +403,8 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
                 kvf, kvs, att = pre.kv_full[L], pre.kv_swa[L], pre.attn_flops[L]
         flops = 2.0 * act  # one multiply and one add per weight touched
         if d == d_out:
-            w += pre.output
-            dense += pre.output
+            w += pre.output + (pre.tied_output if d else 0.0)  # on the host the tied head is token_embd itself
+            dense += pre.output + pre.tied_output
             flops += 2.0 * pre.output_params
         kv_bytes = (kvf * n_ctx + kvs * swa_cells) * b_kv  # values per token x cells x bytes per value
         has_work = d == 0 or nblk or d == d_out

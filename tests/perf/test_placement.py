@@ -118,3 +118,13 @@ def test_fit_equals_brute_force_search():
                 brute = max(n for n in range(m.n_layers + 2)
                             if n == 0 or _gpus_fit(place(m, mc, Q, 16384, n_gpu_layers=n, order=order), FIT_TARGET_BYTES))
                 assert auto.n_gpu_layers == brute, (key, mc_key, order)
+
+
+def test_tied_output_head_is_copied_only_to_a_gpu():
+    m = MODELS["qwen2.5-0.5b"]  # tie_word_embeddings: the output head is token_embd
+    wb = weight_bytes(m, Q)
+    cpu = place(m, MACHINES["cpu-ddr5"], Q, 4096)
+    assert cpu.weights_total == pytest.approx(wb["total"])  # one copy, memory-mapped once
+    gpu = place(m, MACHINES["rtx4090"], Q, 4096)
+    assert gpu.gpus[0].has_output
+    assert gpu.weights_total == pytest.approx(wb["total"] + wb["token_embd"])  # TENSOR_DUPLICATED onto the GPU
