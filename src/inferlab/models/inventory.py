@@ -6,6 +6,8 @@ Shapes follow llama.cpp's src/llama-model.cpp create_tensor calls per architectu
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -21,10 +23,7 @@ class TensorShape:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 def tensor_inventory(spec: ModelSpec) -> tuple[TensorShape, ...]:

@@ -7,6 +7,8 @@ tensor plan then uses instead of the llama-quantize rules.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, fields
 
 from ..errors import ConfigError
@@ -27,10 +29,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
