@@ -93,3 +93,33 @@ def test_decode_prediction_within_25_percent_of_llama_cpp_on_this_machine():
     # Q8_0 reads more bytes per token than Q4_K_M: the measurement and the prediction both see it
     assert rows[1].decode_bytes > rows[0].decode_bytes
     assert rows[1].measured.tg_cpu < rows[0].measured.tg_cpu and rows[1].predicted_tg < rows[0].predicted_tg
+
+
+def test_without_llama_cpp_python_the_error_names_the_extra(tiny_f16, monkeypatch, tmp_path):
+    import sys
+
+    from inferlab.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+    with pytest.raises(MissingDependencyError, match=r"inferlab\[engine\]"):
+        v.quantize(tiny_f16, str(tmp_path / "x.gguf"), "Q8_0")
+
+
+@pytest.mark.engine
+def test_validate_command_runs_a_given_gguf_and_prints_measured_and_predicted(tiny_f16, tmp_path):
+    pytest.importorskip("llama_cpp")
+    import json
+
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import cli
+
+    q8 = v.quantize(tiny_f16, str(tmp_path / "tiny-Q8_0.gguf"), "Q8_0")
+    res = CliRunner().invoke(cli, ["validate", "--models", "", "--gguf", q8, "--n-prompt", "16", "--n-gen", "8",
+                                   "--repetitions", "1", "--threads", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)
+    assert row["preset"] == "Q8_0" and row["threads"] == 1
+    assert row["tg_measured"] > 0 and row["tg_predicted"] > 0 and row["pp_measured"] > 0
+    assert row["dominant_limit"] in ("bandwidth", "per-core compute")
+    assert row["tg_error"] == pytest.approx(row["tg_predicted"] / row["tg_measured"] - 1)
