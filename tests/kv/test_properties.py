@@ -7,6 +7,7 @@ reason; cached + computed prompt tokens = prompt tokens. With an unbounded pool 
 never overlap, the hits equal a brute-force prefix computation at the engine's granularity.
 """
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -144,3 +145,21 @@ def test_decode_fast_forward_changes_nothing(reqs, manager):
     assert fast.requests == slow.requests
     for key in ("prefill_computed", "hit_rate", "steps", "duration", "peak_concurrency", "kv_peak_tokens"):
         assert fast.summary[key] == slow.summary[key], key
+
+
+@pytest.mark.slow
+def test_fast_forward_changes_nothing_on_a_mooncake_slice():
+    from pathlib import Path
+
+    from inferlab.kv.traces import load_mooncake
+
+    trace = Path("/work/shared/traces/conversation_trace.jsonl")
+    if not trace.exists():
+        pytest.skip("traces not present")
+    reqs = load_mooncake(trace, limit=80)
+    for make in (lambda: PagedManager(capacity_tokens=60000, version="0.11", block_size=8),
+                 lambda: PagedManager(capacity_tokens=100000), lambda: RadixManager(capacity_tokens=80000),
+                 lambda: SlotManager(capacity_tokens=150000)):
+        fast = simulate(reqs, make(), record_timeline=False)
+        slow = simulate(reqs, make(), record_timeline=False, fast_forward=False)
+        assert fast.requests == slow.requests

@@ -445,23 +445,54 @@ class PagedManager(KVManager):
         return (k, b, sum(s.num_computed + 1 for s in running)) if k >= 2 else None
 
     def fast_forward(self, k: int) -> None:
+        """k decode steps: per request, a block popped where a token starts one and a hash
+        registered where a token fills one, in running order within each step (as _allocate)."""
         bs = self.block_size
-        start = {}
-        events: dict[int, list[Seq]] = {}
+        caching = self.enable_prefix_caching
+        events: dict[int, list[tuple[Seq, bool, int]]] = {}
         for s in self.running:
-            start[id(s)] = (s.num_computed, s.num_output)
-            p = s.num_computed % bs
-            events.setdefault((-p) % bs, []).append(s)  # step starts a new block: allocate
-            events.setdefault((-p - 1) % bs, []).append(s)  # step fills a block: register its hash
+            c0 = s.num_computed
+            p = c0 % bs
+            events.setdefault((-p) % bs, []).append((s, True, c0))  # token starts a block: allocate
+            if caching:
+                events.setdefault((-p - 1) % bs, []).append((s, False, c0))  # fills one: register
+        ref, bhash, cached, dups = self.ref, self.bhash, self.cached, self.dups
         for i in range(k):
-            for s in events.get(i % bs, ()):
-                c0, o0 = start[id(s)]
-                s.num_computed, s.num_output = c0 + i, o0 + i
-                if not self._allocate(s, 1):
-                    raise InvariantError("vllm: fast-forward ran out of blocks")
+            for s, alloc, c0 in events.get(i % bs, ()):
+                if alloc:
+                    b = self._pop_free()
+                    ref[b] = 1
+                    s.blocks.append(b)
+                else:
+                    j = (c0 + i + 1) // bs - 1  # the block this step fills
+                    b = s.blocks[j]
+                    key = self._keys(s)[j]
+                    bhash[b] = key
+                    if key in cached:
+                        dups.setdefault(key, []).append(b)
+                    else:
+                        cached[key] = b
+                    s.num_cached_blocks = j + 1
         for s in self.running:
-            c0, o0 = start[id(s)]
-            s.num_computed, s.num_output = c0 + k, o0 + k
+            s.num_computed += k
+            s.num_output += k
+
+    def _pop_free(self) -> int:
+        """One block from the head of the free queue, its cached content evicted."""
+        if self.head:
+            b = self.head.pop()
+        else:
+            fifo = self.fifo
+            b = next(iter(fifo))
+            del fifo[b]
+            self._fifo_pops += 1
+            if self._fifo_pops > len(fifo) + 256:
+                self.fifo = dict.fromkeys(fifo)
+                self._fifo_pops = 0
+        if self.bhash[b] is not None:
+            self.num_hashed_free -= 1
+            self._evict(b)
+        return b
 
     # ---------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
