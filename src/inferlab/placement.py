@@ -274,7 +274,7 @@ def place(
     # --fit: full offload at the largest context that fits, else shrink layers
     if user_ctx and len(gpus) == 1 and not n_cpu_moe and not no_kv_offload:
         # one GPU: read the largest ngl that fits off the cached curve of GPU bytes against ngl
-        curve = _gpu_curve(model, pre, ctx, kv_type, n_seq, n_ubatch, order)
+        curve = _gpu_curve(model, scheme, ctx, kv_type, n_seq, n_ubatch, order)
         return build(max(0, bisect.bisect_right(curve, gpu_capacity_bytes(gpus[0], machine) - fit_target_bytes) - 1), ctx, True)
     best = build(ngl_max, ctx, True)
     ctx_reduced = False
@@ -288,7 +288,7 @@ def place(
         lo, hi = 0, ngl_max  # largest ngl whose GPUs fit: use is monotone in ngl
         if len(gpus) == 1 and not n_cpu_moe and not no_kv_offload:
             # one GPU: read the answer off the cached curve of GPU bytes against ngl
-            curve = _gpu_curve(model, pre, ctx, kv_type, n_seq, n_ubatch, order)
+            curve = _gpu_curve(model, scheme, ctx, kv_type, n_seq, n_ubatch, order)
             lo = hi = max(0, bisect.bisect_right(curve, gpu_capacity_bytes(gpus[0], machine) - fit_target_bytes) - 1)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -301,8 +301,9 @@ def place(
 
 
 @lru_cache(maxsize=8192)
-def _gpu_curve(model: ModelSpec, pre: _Prefix, n_ctx: int, kv_type: str, n_seq: int, n_ubatch: int, order: str) -> tuple[float, ...]:
+def _gpu_curve(model: ModelSpec, scheme, n_ctx: int, kv_type: str, n_seq: int, n_ubatch: int, order: str) -> tuple[float, ...]:
     """Bytes on a single GPU for ngl = 0 … n_layers + 1 (non-decreasing), as _build counts them."""
+    pre = _prefix(model, scheme)
     L = model.n_layers
     b_kv = kv_bytes_per_value(kv_type)
     swa_cells = swa_cache_tokens(model, n_ctx, n_seq, n_ubatch) if model.swa_layers else n_ctx
