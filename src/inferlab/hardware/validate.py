@@ -247,8 +247,9 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
                 seed: int = 0) -> BenchResult:
     """pp``n_prompt`` and tg``n_gen`` as llama-bench measures them, through llama-cpp-python.
 
-    pp: one batch of n_prompt random tokens into an empty cache (n_batch = n_ubatch = n_prompt).
-    tg: n_gen decode steps of one token each, from an empty cache. One warm-up of each first.
+    pp: one batch of n_prompt random tokens into an empty cache; tg: n_gen decode steps of one
+    token each, from an empty cache; each in its own context of n_prompt (n_gen) cells, as
+    llama-bench makes them. One warm-up of each first.
     """
     for name, v in (("n_threads", n_threads), ("repetitions", repetitions)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -258,13 +259,16 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
     llama_cpp = _llama_cpp()
     import random
 
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=max(n_prompt, n_gen) + 16, n_batch=max(n_prompt, 1),
-                          n_ubatch=max(n_prompt, 1), n_threads=n_threads, n_threads_batch=n_threads, n_gpu_layers=0,
-                          verbose=False, use_mmap=True)
-    try:
+    rnd = random.Random(seed)
+
+    def context(n_ctx: int):
+        # llama-bench makes one context per test, n_ctx = n_prompt + n_gen of that test, and a
+        # 512-token micro-batch: a decode step then attends over a cache of n_gen cells, as here
+        return llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=min(n_ctx, 512), n_ubatch=min(n_ctx, 512),
+                               n_threads=n_threads, n_threads_batch=n_threads, n_gpu_layers=0, verbose=False, use_mmap=True)
+
+    def decoder(llm):
         ctx = llm._ctx.ctx
-        n_vocab = llm.n_vocab()
-        rnd = random.Random(seed)
 
         def decode(tokens: list[int]) -> None:
             arr = (llama_cpp.llama_token * len(tokens))(*tokens)
@@ -272,34 +276,49 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
             if rc != 0:
                 raise NotSupportedError(f"llama_decode returned {rc} on {model_path}")
 
-        def pp_run() -> float:
-            _clear_memory(llama_cpp, ctx)
-            toks = [rnd.randrange(n_vocab) for _ in range(n_prompt)]
-            t0 = time.perf_counter()
-            decode(toks)
-            llama_cpp.llama_synchronize(ctx)
-            return n_prompt / (time.perf_counter() - t0)
+        return ctx, decode
 
-        def tg_run(n: int) -> tuple[float, float]:
-            _clear_memory(llama_cpp, ctx)
-            tok = rnd.randrange(n_vocab)
-            c0, t0 = time.thread_time(), time.perf_counter()
-            for _ in range(n):
-                decode([tok])
-                tok = rnd.randrange(n_vocab)
-            llama_cpp.llama_synchronize(ctx)
-            t1, c1 = time.perf_counter(), time.thread_time()
-            return n / (t1 - t0), n / max(c1 - c0, 1e-9)
+    pp: list[float] = []
+    tg: list[tuple[float, float]] = []
+    if n_prompt:  # pp: the whole prompt as one batch into an empty cache
+        llm = context(n_prompt)
+        try:
+            ctx, decode = decoder(llm)
+            n_vocab = llm.n_vocab()
 
-        pp, tg = [], []
-        if n_prompt:
+            def pp_run() -> float:
+                _clear_memory(llama_cpp, ctx)
+                toks = [rnd.randrange(n_vocab) for _ in range(n_prompt)]
+                t0 = time.perf_counter()
+                decode(toks)
+                llama_cpp.llama_synchronize(ctx)
+                return n_prompt / (time.perf_counter() - t0)
+
             pp_run()  # warm-up
             pp = [pp_run() for _ in range(repetitions)]
-        if n_gen:
+        finally:
+            llm.close() if hasattr(llm, "close") else None
+    if n_gen:  # tg: n_gen single-token steps from an empty cache
+        llm = context(n_gen)
+        try:
+            ctx, decode = decoder(llm)
+            n_vocab = llm.n_vocab()
+
+            def tg_run(n: int) -> tuple[float, float]:
+                _clear_memory(llama_cpp, ctx)
+                tok = rnd.randrange(n_vocab)
+                c0, t0 = time.thread_time(), time.perf_counter()
+                for _ in range(n):
+                    decode([tok])
+                    tok = rnd.randrange(n_vocab)
+                llama_cpp.llama_synchronize(ctx)
+                t1, c1 = time.perf_counter(), time.thread_time()
+                return n / (t1 - t0), n / max(c1 - c0, 1e-9)
+
             tg_run(min(n_gen, 16))  # warm-up
             tg = [tg_run(n_gen) for _ in range(repetitions)]
-    finally:
-        llm.close() if hasattr(llm, "close") else None
+        finally:
+            llm.close() if hasattr(llm, "close") else None
     return BenchResult(model_path, n_threads, n_prompt, n_gen, tuple(pp), tuple(w for w, _ in tg),
                        tuple(c for _, c in tg) if n_threads == 1 else ())
 
