@@ -109,3 +109,37 @@ def test_bad_options():
         PagedManager(capacity_tokens=16)
     with pytest.raises(InvalidValueError):
         PagedManager(capacity_tokens=-5)
+
+
+@pytest.mark.slow
+def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
+    # _free_seq frees in bulk; this reference frees block by block, tail first: 0.11 appends
+    # every freed block, 0.33 pushes unhashed blocks to the head. Same records under eviction.
+    from pathlib import Path
+
+    from inferlab.kv.traces import load_mooncake
+
+    trace = Path("/work/shared/traces/conversation_trace.jsonl")
+    if not trace.exists():
+        pytest.skip("traces not present")
+
+    def per_block_free(self, seq):
+        for b in reversed(seq.blocks):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                if self.bhash[b] is None and self.version == "0.33":
+                    self.head.append(b)
+                else:
+                    self.fifo[b] = None
+                    self.num_hashed_free += self.bhash[b] is not None
+        seq.blocks = []
+        seq.num_cached_blocks = 0
+
+    reqs = load_mooncake(trace, limit=120)
+    for version in ("0.33", "0.11"):
+        bulk = simulate(reqs, PagedManager(capacity_tokens=40000, version=version), record_timeline=False)
+        m = PagedManager(capacity_tokens=40000, version=version)
+        m._free_seq = per_block_free.__get__(m)
+        ref = simulate(reqs, m, record_timeline=False, check_invariants=True)
+        assert bulk.requests == ref.requests
+        assert bulk.summary["preemptions"] > 0  # the pool was tight enough to evict and preempt

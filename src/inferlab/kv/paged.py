@@ -273,7 +273,14 @@ class PagedManager(KVManager):
     def _free_seq(self, seq: Seq) -> None:
         ref, free, bhash = self.ref, self.fifo, self.bhash
         blocks, nc = seq.blocks, seq.num_cached_blocks
-        if not any(ref[b] - 1 for b in blocks):  # nothing shared: every block becomes free
+        # Usually the blocks other requests still use form a prefix (shared hits, a common system
+        # prompt): those only lose a reference; every later block becomes free.
+        shared = next((i for i, b in enumerate(blocks) if ref[b] == 1), len(blocks))
+        if shared <= nc and not any(ref[b] - 1 for b in islice(blocks, shared, None)):
+            for b in blocks[:shared]:
+                ref[b] -= 1
+            blocks = blocks[shared:]
+            nc -= shared
             # blocks[:nc] carry hashes (hits and registered blocks), the rest (the partial tail) not
             _consume(map(ref.__setitem__, blocks, repeat(0)))
             hashed_rev = blocks[nc - 1::-1] if nc else []  # tail block first
