@@ -133,8 +133,8 @@ def main() -> None:
         agree = next((i for i, (a, b) in enumerate(zip(m["tokens"], lc["tokens"])) if a != b), len(m["tokens"]))
         m["greedy_tokens_agreeing"] = agree
         print(f"  {name}: prefill {m['prefill_ratio_to_llama_cpp']:.2f}x llama.cpp; greedy tokens equal to llama.cpp's for the first {agree}")
+    for m in engines.values():
         m.pop("tokens")
-    lc.pop("tokens", None)
     if "note" in pred:
         print(pred["note"])
     else:
