@@ -149,19 +149,22 @@ def profile(model, ctx, batch, caches, new_tokens, no_naive, quality, as_json, p
     progress = None if as_json else (lambda r: click.echo(f"  measured ctx={r.context} batch={r.batch} cache={r.cache}", err=True))
     rows = profile_model(llm, contexts, batches, specs, n_new_tokens=new_tokens, naive=not no_naive, predictor=predictor, progress=progress)
     lossy = [s for s in specs if s.kind in ("int8", "window")]
-    costs = ()
+    costs, quality_text = (), ""
     if quality and lossy:
         from ..runtime.quality import CASE_STUDY_TEXT, quality_cost
 
         if tok is not None:
             ids = tok.encode(CASE_STUDY_TEXT)
+            quality_text = f"the case study's own prose, {len(ids)} tokens"
         else:  # random weights: any token sequence is as "real" as another
             import torch
 
             ids = torch.randint(0, llm.config.vocab_size, (256,), generator=torch.Generator().manual_seed(0)).tolist()
+            quality_text = "256 random tokens (the model has random weights)"
         costs = tuple(quality_cost(llm, ids, lossy))
     report = ProfileReport(model=name, device=f"{dev.type}: {device_name(dev)}", weight_dtype=dtype if tok else "float32",
-                           prediction_note=predictor.note, rows=tuple(rows), quality=costs)
+                           prediction_note=predictor.note, rows=tuple(rows), quality=costs,
+                           quality_text=quality_text)
     if plot:
         _plot(report, plot)
     if as_json:
@@ -182,7 +185,7 @@ def _print_report(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)  # pipes get the full table
     console.print(f"[bold]{report.model}[/] on {report.device}, {report.weight_dtype} weights")
     t = Table(title="Naive vs cached (ms); pred = perf_model, err = (pred - measured) / measured")
     for col in ("ctx", "B", "cache", "naive TTFT", "naive step", "pred", "prefill", "pred", "err", "step", "pred", "err",
@@ -195,14 +198,15 @@ def _print_report(report) -> None:
                   _fmt(r.speedup, ".1f") + ("x" if r.speedup else ""), _fmt(r.decode_tok_per_s), _fmt(r.achieved_gbps, ".2f"))
     console.print(t)
     m = Table(title="Memory (MB = 10^6 bytes): exact tensor bytes, measured peak")
-    for col in ("ctx", "B", "cache", "weights", "KV cache", "activations", "peak", "peak from"):
+    for col in ("ctx", "B", "cache", "weights", "KV cache", "activations", "peak"):
         m.add_column(col, justify="right")
     for r in report.rows:
         m.add_row(str(r.context), str(r.batch), r.cache, f"{r.weights_bytes / 1e6:.1f}", f"{r.kv_cache_bytes / 1e6:.2f}",
-                  f"{r.activations_bytes / 1e6:.1f}", f"{r.peak_bytes / 1e6:.1f}", r.peak_source)
+                  f"{r.activations_bytes / 1e6:.1f}", f"{r.peak_bytes / 1e6:.1f}")
+    m.caption = f"peak: {report.rows[0].peak_source}; activations: measured peak growth beyond the KV cache" if report.rows else None
     console.print(m)
     if report.quality:
-        q = Table(title="Quality cost vs the fp32 cache (real text)")
+        q = Table(title=f"Quality cost vs the fp32 cache, on {report.quality_text}")
         for col in ("cache", "tokens", "top-1 agree", "KL mean (nats)", "KL max", "ppl fp32", "ppl", "ppl change", "cache MB"):
             q.add_column(col, justify="right")
         for c in report.quality:

@@ -73,11 +73,13 @@ class ProfileReport:
     prediction_note: str
     rows: tuple[ProfileRow, ...]
     quality: tuple = field(default=())  # QualityCost per lossy cache
+    quality_text: str = ""  # what the quality was measured on
 
     def as_dict(self) -> dict:
         return {"model": self.model, "device": self.device, "weight_dtype": self.weight_dtype,
                 "prediction_note": self.prediction_note, "rows": [r.as_dict() for r in self.rows],
-                "quality": [dict(asdict(q), perplexity_change=q.perplexity_change) for q in self.quality]}
+                "quality": [dict(asdict(q), perplexity_change=q.perplexity_change) for q in self.quality],
+                "quality_text": self.quality_text}
 
 
 def _kv_read_bytes(spec: CacheSpec, cache_bytes: int, capacity: int, context: int) -> int:
