@@ -43,7 +43,13 @@ def test_cuda_request_without_gpu_is_a_clear_error():
 
 
 def test_cpu_peak_memory_sees_an_allocation():
-    with PeakMemory(torch.device("cpu")) as mem:
-        x = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-        x += 1
-    assert mem.peak_bytes - mem.baseline_bytes >= 60 * 2**20
+    """In a fresh process (a long-lived one may reuse freed, still-resident pages)."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from inferlab.runtime.device import PeakMemory\n"
+            "with PeakMemory(torch.device('cpu')) as mem:\n"
+            "    x = torch.ones(256 * 2**20 // 4); x += 1\n"
+            "print(mem.peak_bytes - mem.baseline_bytes)")
+    grew = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert grew >= 250 * 2**20
