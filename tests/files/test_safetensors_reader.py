@@ -188,8 +188,8 @@ def test_safetensors_lengths(tmp_path):
     ('{"model_type": "bert", "num_hidden_layers": 2}', ConfigError, "'bert' is not supported"),
     (json.dumps({**LLAMA, "hidden_size": -64}), ConfigError, "positive integer"),
     (json.dumps({**LLAMA, "quantization_config": "awq"}), ConfigError, "quantization_config must be an object"),
-    (json.dumps({**LLAMA, "rope_scaling": "llama3"}), ConfigError, "malformed config"),
-    (json.dumps({**LLAMA, "model_type": "gemma3_text", "sliding_window": 64, "sliding_window_pattern": "x"}), ConfigError, "malformed config"),
+    (json.dumps({**LLAMA, "rope_scaling": "llama3"}), ConfigError, "'rope_scaling' must be an object"),
+    (json.dumps({**LLAMA, "model_type": "gemma3_text", "sliding_window": 64, "sliding_window_pattern": "x"}), ConfigError, "'sliding_window_pattern' must be"),
 ])
 def test_malformed_config_json(tmp_path, text, error, fragment):
     (tmp_path / "config.json").write_text(text)
