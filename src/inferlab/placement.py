@@ -250,6 +250,8 @@ def place(
         raise InvalidValueError(f"n_gpu_layers must be an integer >= 0 (at most {L + 1} for {model.name}), got {n_gpu_layers!r}")
     if n_cpu_moe < 0:
         raise InvalidValueError(f"n_cpu_moe must be >= 0, got {n_cpu_moe!r}")
+    if tensor_split is not None and (len(tensor_split) != len(machine.gpus) or any(x < 0 for x in tensor_split) or sum(tensor_split) <= 0):
+        raise InvalidValueError(f"tensor_split {tensor_split!r} must have {len(machine.gpus)} non-negative entries with a positive sum")
     scheme = resolve_quant(quant) if quant is not None else None
     pre = _prefix(model, scheme)
     label = scheme.label if scheme is not None else (model.file_type or "file")
@@ -361,10 +363,11 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
     ranges: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]
     ranges[0] = [(0, lo), (hi, L)]
     d_out = 0
-    if n_gpu_layers_total:
+    if n_gpu_layers_total and len(gpus) == 1:
+        ranges[1].append((lo, hi))
+        d_out = 1 if out_on_gpu else 0
+    elif n_gpu_layers_total:
         share = list(tensor_split) if tensor_split else [g.memory_gb for g in gpus]
-        if len(share) != len(gpus) or any(x < 0 for x in share) or sum(share) <= 0:
-            raise InvalidValueError(f"tensor_split {tensor_split!r} must have {len(gpus)} non-negative entries with a positive sum")
         counts = _split_counts(share, n_gpu_layers_total)
         start = lo
         for g, count in enumerate(counts):
