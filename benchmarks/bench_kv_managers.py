@@ -22,7 +22,10 @@ from pathlib import Path
 from inferlab.kv.traces import load_mooncake, prefix_hit_upper_bound, repeated_block_fraction
 from inferlab.kv_managers import ENGINES, simulate
 
-TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
+# the project's shared/ folder beside the repository, or /work/shared; --trace overrides
+TRACE = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl",
+                          Path("/work/shared/traces/conversation_trace.jsonl")) if p.exists()),
+             Path("/work/shared/traces/conversation_trace.jsonl"))
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -1,7 +1,8 @@
 """inferlab simulate: table, JSON, plot, errors."""
 
 import json
-from pathlib import Path
+
+import pytest
 
 from click.testing import CliRunner
 
@@ -28,9 +29,10 @@ def test_table_options_and_plot(tmp_path):
 
 
 def test_trace_with_limit_and_poisson_arrivals():
-    trace = Path("/work/shared/traces/conversation_trace.jsonl")
+    from _paths import CONVERSATION_TRACE as trace
+
     if not trace.exists():
-        return
+        pytest.skip(f"the Mooncake trace is not at {trace}")
     res = CliRunner().invoke(cli, ["simulate", "--trace", str(trace), "--limit", "30", "--arrivals", "poisson",
                                    "--rate", "0.5", "--capacity-tokens", "200000", "--json"])
     assert res.exit_code == 0, res.output

@@ -115,11 +115,9 @@ def test_bad_options():
 def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
     # _free_seq frees in bulk; this reference frees block by block, tail first: 0.11 appends
     # every freed block, 0.33 pushes unhashed blocks to the head. Same records under eviction.
-    from pathlib import Path
-
     from inferlab.kv.traces import load_mooncake
 
-    trace = Path("/work/shared/traces/conversation_trace.jsonl")
+    from _paths import CONVERSATION_TRACE as trace
     if not trace.exists():
         pytest.skip("traces not present")
 

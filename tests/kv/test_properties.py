@@ -149,11 +149,9 @@ def test_decode_fast_forward_changes_nothing(reqs, manager):
 
 @pytest.mark.slow
 def test_fast_forward_changes_nothing_on_a_mooncake_slice():
-    from pathlib import Path
-
     from inferlab.kv.traces import load_mooncake
 
-    trace = Path("/work/shared/traces/conversation_trace.jsonl")
+    from _paths import CONVERSATION_TRACE as trace
     if not trace.exists():
         pytest.skip("traces not present")
     reqs = load_mooncake(trace, limit=80)

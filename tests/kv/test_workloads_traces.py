@@ -1,7 +1,6 @@
 """Workloads, the seed's table, trace loaders and arrivals, bad input."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,9 +11,7 @@ from inferlab.kv.traces import (load_azure, load_mooncake, load_trace, prefix_hi
 from inferlab.kv.workloads import multi_turn_chats, seed_chat, shared_prefix_groups
 from inferlab.kv_managers import PagedManager, RadixManager, Request, SlotManager, compare, simulate
 
-TRACES = Path("/work/shared/traces")
-if not TRACES.exists():  # the repository's copy when run elsewhere
-    TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from _paths import TRACES
 needs_traces = pytest.mark.skipif(not (TRACES / "conversation_trace.jsonl").exists(), reason="traces not present")
 
 
