@@ -181,10 +181,12 @@ def gpu_capacity_bytes(dev: Device, machine: Machine) -> float:
 
 
 def compute_buffer_bytes(model: ModelSpec, n_ubatch: int, with_output: bool) -> float:
-    """Approximate compute buffer of one device for a micro-batch of n_ubatch tokens: f32 logits
-    for the batch when the output head runs there, plus about eight f32 hidden-state-sized
-    activations per token (flash attention keeps the score matrix out of it)."""
-    per_token = 8 * model.d_model + (model.vocab_size if with_output else 0)  # f32 values per token
+    """Approximate compute buffer of one device for a micro-batch of n_ubatch f32 activations:
+    the logits when the output head runs there, plus the feed-forward's three intermediates per
+    token (gate, up and their product, each as wide as the FFN; MoE: the routed experts' and the
+    shared expert's widths). Flash attention keeps the score matrix out of it."""
+    ffn = max(model.d_ff, model.n_experts_used * model.d_ff_expert + model.d_ff_shared)  # widest FFN a token passes
+    per_token = 3 * ffn + (model.vocab_size if with_output else 0)  # f32 values per token
     return n_ubatch * 4 * per_token
 
 

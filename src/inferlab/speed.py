@@ -89,6 +89,10 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
         weights = d.dense_read_bytes + d.expert_bytes * frac  # weights read once for the whole batch
         kv = batch * _kv_read(d, context, spec.sliding_window)  # every sequence reads its own cache
         bytes_ = weights + kv
+        if not bytes_ and not d.flops_per_token:  # a device with nothing to do this step (the host of a full offload)
+            per.append({"device": d.name, "kind": d.kind, "s": 0.0, "bytes": 0.0, "weights_bytes": 0.0, "kv_bytes": 0.0,
+                        "memory_s": 0.0, "compute_s": 0.0, "overhead_s": 0.0, "bound": "memory"})
+            continue
         bw = hw.bandwidth_bytes_per_s * model.eta(hw)
         kernel_bound = False
         if hw.is_cpu and model.cpu_decode_rate is not None and weights:
@@ -106,7 +110,10 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
     total = sum(p["s"] for p in per)
     cpu_s = per[0]["s"]
     gpu_s = total - cpu_s
-    slow = max(per, key=lambda p: p["s"])
+    slow = per[0]
+    for p in per:
+        if p["s"] > slow["s"]:
+            slow = p
     if cpu_s > 0.5 * total and placement.gpus:
         why = f"partial offload: {cpu_s / total:.0%} of each step is spent on the CPU's layers in system RAM"
     elif slow["bound"] == "cpu-kernels":

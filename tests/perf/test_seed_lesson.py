@@ -84,9 +84,7 @@ def test_placement_rows():
         g = pat.search(line)
         assert g, line
         assert int(g.group(1)) == ngl, line
-        # VRAM as printed (one decimal); Qwen2.5 32B prints 14.7 where the lesson printed 14.8 (its
-        # compute-buffer formula is unpublished: ours is 0.05 GB smaller there, see DESIGN.md)
-        assert abs(float(g.group(2)) - vram) <= (0.1 if name == "Qwen2.5 32B" else 0.0) + 1e-9, line
+        assert float(g.group(2)) == vram, line  # VRAM exactly as printed (one decimal)
         assert abs(float(g.group(3)) / dec - 1) <= 0.02, line
         assert abs(int(g.group(4)) - share) <= 1, line
         assert abs(int(g.group(5)) / pre - 1) <= 0.02, line
