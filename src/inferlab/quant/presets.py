@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cached_property, cache, lru_cache
 from importlib import resources
 
 from ..errors import InvalidValueError, UnknownNameError
@@ -132,8 +132,8 @@ class Preset:
     def base_type(self) -> str:
         return self.info.base_type
 
-    @property
-    def label(self) -> str:
+    @cached_property
+    def label(self) -> str:  # asked for on every placement: built once
         extra = []
         if self.imatrix:
             extra.append("imatrix")
@@ -170,7 +170,7 @@ class PureType:
     def base_type(self) -> str:
         return self.type_name
 
-    @property
+    @cached_property
     def label(self) -> str:
         return f"{self.type_name} (every weight {self.type_name})"
 
