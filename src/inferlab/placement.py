@@ -380,6 +380,9 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
             d_out = 1 + max(g for g, c in enumerate(counts) if c)
     devs: list[DeviceUse | None] = [None] * n_dev
     held_back = 0.0  # routed experts of GPU blocks kept in host memory (--n-cpu-moe)
+    p_block, p_expert, p_active = pre.block, pre.expert, pre.active_params
+    p_kvf, p_kvs, p_attn = pre.kv_full, pre.kv_swa, pre.attn_flops
+    cb_ffn, cb_logits = compute_buffer_bytes(model, n_ubatch, False), n_ubatch * 4 * model.vocab_size  # f32 per token
     for d in [*range(1, n_dev), 0]:  # GPUs first: the host also takes what they hold back
         w = dense = exp = act = kvf = kvs = att = 0.0
         nblk = 0
@@ -387,21 +390,21 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
             if b <= a:
                 continue
             nblk += b - a
-            blk = pre.block[b] - pre.block[a]
-            ex = pre.expert[b] - pre.expert[a]
-            if d != 0 and n_cpu_moe > a:  # -ot exps=CPU: experts of blocks < n_cpu_moe stay on the host
-                moved = pre.expert[min(b, n_cpu_moe)] - pre.expert[a]
+            blk = p_block[b] - p_block[a]
+            ex = p_expert[b] - p_expert[a]
+            if d and n_cpu_moe > a:  # -ot exps=CPU: experts of blocks < n_cpu_moe stay on the host
+                moved = p_expert[min(b, n_cpu_moe)] - p_expert[a]
                 ex -= moved
                 blk -= moved
                 held_back += moved
             w += blk
             dense += blk - ex
             exp += ex
-            act += pre.active_params[b] - pre.active_params[a]
+            act += p_active[b] - p_active[a]
             if not no_kv_offload or d == 0:
-                kvf += pre.kv_full[b] - pre.kv_full[a]
-                kvs += pre.kv_swa[b] - pre.kv_swa[a]
-                att += pre.attn_flops[b] - pre.attn_flops[a]
+                kvf += p_kvf[b] - p_kvf[a]
+                kvs += p_kvs[b] - p_kvs[a]
+                att += p_attn[b] - p_attn[a]
         if d == 0:
             w += pre.token_embd + held_back  # input embeddings stay on the host; decode reads one row (negligible)
             exp += held_back
@@ -416,7 +419,7 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
         has_work = d == 0 or nblk or d == d_out
         # logits live where the output matmul runs; with op offload a CPU-resident output head's
         # prompt-batch matmul runs on the first GPU, so that GPU reserves them too
-        cb = compute_buffer_bytes(model, n_ubatch, with_output=(d == d_out or (d == 1 and d_out == 0))) if has_work else 0.0
+        cb = (cb_ffn + (cb_logits if d == d_out or (d == 1 and d_out == 0) else 0.0)) if has_work else 0.0
         if d == 0:
             devs[0] = (DeviceUse(machine.ram.name, "cpu", machine.ram.memory_gb * GB, w, kv_bytes, cb, nblk, d_out == 0,
                                   dense, exp, kvf * b_kv, kvs * b_kv, flops, att))
