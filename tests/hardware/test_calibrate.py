@@ -50,14 +50,28 @@ def independent_read_gbs(whole, threads: int = 2, warmup: int = 3, passes: int =
     return statistics.median(one_pass() for _ in range(passes))
 
 
-@pytest.mark.slow
-def test_two_thread_read_bandwidth_agrees_with_an_independent_stream_within_15_percent():
+def _compare_read_bandwidths() -> tuple[list[float], list[float]]:
     size = cal.default_working_set_bytes()
     ours, theirs = [], []
     whole = np.ones(size // 8, dtype=np.float64)  # the independent side's memory, kept across rounds
     for _ in range(3):  # interleaved, so that load from elsewhere hits both alike
         ours.append(cal.read_bandwidth_gbs(2, size, repeats=3).median)
         theirs.append(independent_read_gbs(whole))
+    return ours, theirs
+
+
+@pytest.mark.slow
+def test_two_thread_read_bandwidth_agrees_with_an_independent_stream_within_15_percent():
+    # measured in a fresh process, as `inferlab calibrate` runs: after hundreds of other tests
+    # this process's heap streams differently (fragmented, fewer huge pages) than either side would
+    import subprocess
+    import sys
+
+    code = ("import json, importlib.util, sys; spec = importlib.util.spec_from_file_location('t', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); print(json.dumps(m._compare_read_bandwidths()))")
+    out = subprocess.run([sys.executable, "-c", code, __file__], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    ours, theirs = json.loads(out.stdout.strip().splitlines()[-1])
     a, b = statistics.median(ours), statistics.median(theirs)
     assert a == pytest.approx(b, rel=0.15), (ours, theirs)
 
