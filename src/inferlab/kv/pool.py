@@ -28,14 +28,7 @@ def kv_pool_tokens(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: 
 
     if engine not in ENGINES:
         raise UnknownNameError("engine", engine, ENGINES)
-    if isinstance(model, str):
-        if model not in pm.MODELS:
-            raise UnknownNameError("model", model, pm.MODELS)
-        model = pm.MODELS[model]
-    if isinstance(machine, str):
-        if machine not in pm.MACHINES:
-            raise UnknownNameError("machine", machine, pm.MACHINES)
-        machine = pm.MACHINES[machine]
+    model, machine = resolve_model_machine(model, machine)
     if engine == "llamacpp":
         p = pm.place(model, machine, quant, None, kv_type=kv_type)
         if not p.fits:
@@ -54,3 +47,12 @@ def kv_pool_tokens(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: 
         raise DoesNotFitError(f"{model.name} {quant} leaves no KV pool on {machine.name} for {engine} "
                               f"({free / 1e9:.2f} GB after weights)")
     return int(free // per_token)
+
+
+def resolve_model_machine(model, machine):
+    """A catalog model and machine by name (unknown names raise UnknownNameError with the closest
+    ones), or the objects as given. Machines come from the vendor-figure catalog."""
+    from ..hardware.catalog import MACHINES
+    from ..models.catalog import MODELS
+
+    return (MODELS[model] if isinstance(model, str) else model), (MACHINES[machine] if isinstance(machine, str) else machine)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ..errors import InvalidValueError, MissingDependencyError, UnknownNameError
+from ..errors import InvalidValueError, MissingDependencyError
 
 StepCost = Callable[[int, int, int], float]
 CONTEXT_BUCKET_TOKENS = 256  # perf-model step costs are memoised per 256-token context bucket
@@ -66,14 +66,9 @@ class TimeModel:
             from .. import perf_model as pm
         except ImportError as exc:  # the lead's module; absent in early checkouts
             raise MissingDependencyError("inferlab.perf_model", "a time model from the performance model") from exc
-        if isinstance(model, str):
-            if model not in pm.MODELS:
-                raise UnknownNameError("model", model, pm.MODELS)
-            model = pm.MODELS[model]
-        if isinstance(machine, str):
-            if machine not in pm.MACHINES:
-                raise UnknownNameError("machine", machine, pm.MACHINES)
-            machine = pm.MACHINES[machine]
+        from .pool import resolve_model_machine
+
+        model, machine = resolve_model_machine(model, machine)
         placement = pm.place(model, machine, quant, n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers)
 
         @lru_cache(maxsize=65536)
