@@ -25,12 +25,13 @@ def kv_pool_tokens(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: 
                    mem_fraction_static: float = SGLANG_MEM_FRACTION_STATIC) -> int:
     """KV pool in tokens for ``engine`` serving ``model`` (catalog name or spec) on ``machine``."""
     from .. import perf_model as pm
+    from ..placement import place
 
     if engine not in ENGINES:
         raise UnknownNameError("engine", engine, ENGINES)
     model, machine = resolve_model_machine(model, machine)
     if engine == "llamacpp":
-        p = pm.place(model, machine, quant, None, kv_type=kv_type)
+        p = place(model, machine, quant, None, kv_type=kv_type)  # llama.cpp's own order and --fit
         if not p.fits:
             raise DoesNotFitError(f"{model.name} {quant} does not fit on {machine.name}: {p.reason}")
         return int(p.n_ctx)
@@ -38,7 +39,7 @@ def kv_pool_tokens(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: 
     weights = pm.weight_bytes(model, quant)["total"]
     per_token = pm.kv_bytes_per_token(model, kv_type)
     if engine == "vllm":
-        p = pm.place(model, machine, quant, 4096, kv_type=kv_type)
+        p = place(model, machine, quant, 4096, kv_type=kv_type)
         activations = sum(d.compute_bytes for d in p.devices if d.kind == "gpu")
         free = gpu_memory_utilization * gpu_bytes - weights - activations
     else:
