@@ -28,7 +28,7 @@ def test_toy_gguf_reads_back_with_its_architecture_and_parameter_count(tiny_f16)
     assert (spec.arch, spec.n_layers, spec.d_model, spec.n_heads, spec.n_kv_heads, spec.d_ff, spec.vocab_size) == \
            ("llama", 2, 256, 4, 2, 512, 1000)
     n = sum(t.n_bytes // (2 if t.ggml_type == "F16" else 4) for t in spec.tensors)
-    assert n == TINY.n_params  # the formula in ToyConfig counts what the writer wrote
+    assert n == TINY.n_params  # the spec's inventory counts what the writer wrote
     assert spec.extra["tensor_types"] == {"F16": 2 + 2 * 7, "F32": 2 * 2 + 1}
 
 

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import InferlabError, InvalidValueError, MissingDependencyError, NotSupportedError, UnknownNameError
+from ..models.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,13 @@ class ToyConfig:
         return self.n_embd // self.n_head
 
     @property
+    def spec(self) -> ModelSpec:
+        return ModelSpec(self.name, "llama", self.n_layer, self.n_embd, self.n_head, self.n_head_kv, self.head_dim,
+                         self.n_ff, self.n_vocab, self.n_ctx_train, source="inferlab validate (random weights)")
+
+    @property
     def n_params(self) -> int:
-        kv = self.n_head_kv * self.head_dim
-        block = 2 * self.n_embd * self.n_embd + 2 * self.n_embd * kv + 3 * self.n_embd * self.n_ff + 2 * self.n_embd
-        return 2 * self.n_vocab * self.n_embd + self.n_layer * block + self.n_embd  # untied embeddings + output
+        return self.spec.total_params()  # untied embeddings + output, as the writer writes them
 
     @property
     def key(self) -> str:
@@ -85,61 +89,12 @@ def _llama_cpp():
 
 
 def write_f16_gguf(cfg: ToyConfig, path: str, seed: int = 0) -> str:
-    """Write ``cfg`` as a llama GGUF with N(0, 0.02) F16 weights, F32 norms and a byte-level
-    SentencePiece-style vocabulary (llama.cpp needs a tokenizer to load a model)."""
-    try:
-        import gguf
-        import numpy as np
-    except ImportError:
-        raise MissingDependencyError("gguf", "writing GGUF files", extra="files") from None
-    rng = np.random.default_rng(seed)
+    """Write ``cfg`` as a llama GGUF with N(0, 0.02) F16 weights and F32 norms, with the tokenizer
+    llama.cpp needs to load it (models.gguf_writer)."""
+    from ..models.gguf_writer import write_gguf
 
-    def weight(rows: int, cols: int):  # numpy (rows, cols) = ggml ne (cols, rows)
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
-
-    ones = np.ones(cfg.n_embd, dtype=np.float32)
-    kv = cfg.n_head_kv * cfg.head_dim
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name(cfg.name)
-    w.add_context_length(cfg.n_ctx_train)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_block_count(cfg.n_layer)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
-    w.add_rope_dimension_count(cfg.head_dim)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(cfg.n_vocab)
-    w.add_file_type(FTYPES["F16"])
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"\u2581t{i}" for i in range(cfg.n_vocab - len(tokens))]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * 3 + [0.0] * 256 + [-float(i) for i in range(cfg.n_vocab - 259)])
-    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (cfg.n_vocab - 259))  # unknown, control, byte, normal
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_tensor("token_embd.weight", weight(cfg.n_vocab, cfg.n_embd))
-    for i in range(cfg.n_layer):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", ones)
-        w.add_tensor(p + "attn_q.weight", weight(cfg.n_embd, cfg.n_embd))
-        w.add_tensor(p + "attn_k.weight", weight(kv, cfg.n_embd))
-        w.add_tensor(p + "attn_v.weight", weight(kv, cfg.n_embd))
-        w.add_tensor(p + "attn_output.weight", weight(cfg.n_embd, cfg.n_embd))
-        w.add_tensor(p + "ffn_norm.weight", ones)
-        w.add_tensor(p + "ffn_gate.weight", weight(cfg.n_ff, cfg.n_embd))
-        w.add_tensor(p + "ffn_up.weight", weight(cfg.n_ff, cfg.n_embd))
-        w.add_tensor(p + "ffn_down.weight", weight(cfg.n_embd, cfg.n_ff))
-    w.add_tensor("output_norm.weight", ones)
-    w.add_tensor("output.weight", weight(cfg.n_vocab, cfg.n_embd))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return str(write_gguf(cfg.spec, path, "F16", seed))
 
 
 @contextlib.contextmanager
