@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
-
 import click
 
-from ..errors import InferlabError, UnknownNameError
+from ..errors import UnknownNameError
 
 
 def resolve_model(source: str):
@@ -24,14 +22,12 @@ def resolve_model(source: str):
 
 
 def resolve_machine(name: str, lesson: bool = False):
-    """A catalog machine key, or "local" for this computer (detected, or its saved profile)."""
-    from ..hardware.catalog import MACHINES, load_machines
+    """A catalog machine key, or "local" for this computer; lesson=True takes the lesson's
+    variants of the catalog devices (perf_model.MACHINES)."""
+    from ..hardware.catalog import load_machines
+    from ..hardware.detect import machine_from_name
 
-    if name == "local":
-        from ..hardware.device import Machine
-
-        return Machine.detect()
-    return (load_machines(lesson=True) if lesson else MACHINES)[name]
+    return load_machines(lesson=True)[name] if lesson and name != "local" else machine_from_name(name)
 
 
 def echo_json(obj) -> None:
@@ -50,8 +46,3 @@ def bar(used: float, total: float, width: int = 28) -> str:
     frac = 0.0 if total <= 0 else used / total
     n = min(width, round(frac * width))
     return "█" * n + "░" * (width - n) + ("▲" if frac > 1 else "")
-
-
-def die(exc: InferlabError) -> None:
-    click.echo(f"inferlab: error: {exc}", err=True)
-    sys.exit(2)
