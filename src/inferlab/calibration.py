@@ -19,7 +19,7 @@ from dataclasses import replace
 from functools import cache
 from importlib import resources
 
-from .hardware.device import Device, Machine
+from .hardware.device import Machine
 from .models.spec import ModelSpec
 from .placement import place
 from .speed import LESSON, SpeedModel, decode_step_time, prefill_time

@@ -137,7 +137,6 @@ def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: S
     """
     check_positive("n_tokens", n_tokens)
     _check_ctx("context", context)
-    spec = placement.model
     hw = _hw(placement, machine)
     gpu_hw = hw[1] if len(hw) > 1 else None
     n_ub = math.ceil(n_tokens / model.n_ubatch)

@@ -4,7 +4,7 @@ peak memory from torch.cuda statistics."""
 import pytest
 import torch
 
-from inferlab.runtime.device import PeakMemory, select_device
+from inferlab.runtime.device import select_device
 
 
 def needs_cuda(f):

@@ -8,7 +8,7 @@ capacity)`, `n_ctx`, `device` and `config.vocab_size` (LlamaModel, and SmallTran
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import InvalidValueError, UnknownNameError, check_positive
 from .kv_cache import CacheSpec, ContiguousKVCache
