@@ -126,9 +126,9 @@ def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
             self.ref[b] -= 1
             if self.ref[b] == 0:
                 if self.bhash[b] is None and self.version == "0.33":
-                    self.head.append(b)
+                    self.free.prepend_n([b])
                 else:
-                    self.fifo[b] = None
+                    self.free.append_n([b])
                     self.num_hashed_free += self.bhash[b] is not None
         seq.blocks = []
         seq.num_cached_blocks = 0

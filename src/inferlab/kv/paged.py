@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice, repeat, takewhile
+from operator import sub
 from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError
@@ -65,6 +66,97 @@ def block_keys(runs, block_size: int) -> list[int]:
                 j += 1
         pos = end
     return keys
+
+
+class FreeBlockQueue:
+    """vLLM's ``FreeKVCacheBlockQueue``: the free blocks, head (allocated next) to tail.
+
+    vLLM keeps a doubly linked list: ``popleft`` at the head, ``append`` at the tail, removal
+    from the middle when a hit touches a free block, and (0.33) unhashed blocks prepended at the
+    head. Here: ``head`` is a stack (top = head of the queue) that only 0.33's unhashed blocks
+    enter, then ``tail``, a list read from index ``start`` on. Bulk pops and appends are slices.
+    A touched block leaves lazily: ``stale[b]`` counts the copies of ``b`` still in ``tail`` that
+    are no longer free. A block re-enters only at the tail, so its stale copies always precede
+    its live one, and a pop that meets ``b`` while ``stale[b]`` > 0 has met a stale copy.
+    """
+
+    __slots__ = ("head", "tail", "start", "stale", "num_stale")
+
+    def __init__(self, head: list[int], tail: list[int]):
+        self.head = head[::-1]  # top of the stack = head of the queue
+        self.tail = tail
+        self.start = 0
+        self.stale: dict[int, int] = {}
+        self.num_stale = 0
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail) - self.start - self.num_stale
+
+    def popleft_n(self, n: int) -> list[int]:
+        """``popleft`` n times: the n blocks at the head, head first (n <= len(self))."""
+        head = self.head
+        if len(head) >= n:
+            out = head[-n:]
+            del head[-n:]
+            out.reverse()
+            return out
+        out = head[::-1]
+        head.clear()
+        tail, stale = self.tail, self.stale
+        while len(out) < n:
+            lo = self.start
+            hi = self.start = lo + n - len(out)
+            seg = tail[lo:hi]
+            if stale and not stale.keys().isdisjoint(seg):  # skip the touched blocks' copies
+                live = []
+                for b in seg:
+                    c = stale.get(b)
+                    if c is None:
+                        live.append(b)
+                    elif c == 1:
+                        del stale[b]
+                    else:
+                        stale[b] = c - 1
+                self.num_stale -= len(seg) - len(live)
+                seg = live
+            out += seg
+        if self.start > 4096 and self.start * 2 > len(tail):  # drop the consumed front, amortised O(1)
+            del tail[:self.start]
+            self.start = 0
+        return out
+
+    def append_n(self, blocks: list[int]) -> None:
+        """``append`` each block at the tail, in order."""
+        self.tail += blocks
+
+    def prepend_n(self, blocks: list[int]) -> None:
+        """``appendleft`` each block at the head, in order (the last one ends up first)."""
+        self.head += blocks
+
+    def remove_n(self, blocks: list[int]) -> None:
+        """``remove`` free blocks from wherever they sit (hits touching cached free blocks; only
+        hashed blocks can be hit, and those sit in ``tail``)."""
+        stale = self.stale
+        for b in blocks:
+            stale[b] = stale.get(b, 0) + 1
+        self.num_stale += len(blocks)
+        if self.num_stale > 4096 and self.num_stale * 2 > len(self.tail) - self.start:
+            self.tail = self.order()[len(self.head):]  # mostly stale: rebuild from the live copies
+            self.start = 0
+            self.stale.clear()
+            self.num_stale = 0
+
+    def order(self) -> list[int]:
+        """The queue from head to tail."""
+        stale = dict(self.stale)
+        live = []
+        for b in islice(self.tail, self.start, None):
+            c = stale.get(b)
+            if c:
+                stale[b] = c - 1
+            else:
+                live.append(b)
+        return self.head[::-1] + live
 
 
 class PagedManager(KVManager):
@@ -104,16 +196,11 @@ class PagedManager(KVManager):
         self.watermark_blocks = int(watermark * num_blocks)
         self.ref = [0] * num_blocks
         self.bhash: list[int | None] = [None] * num_blocks
-        # The free-block queue, head first: ``head`` (a stack, top = head) then ``fifo`` (a dict in
-        # insertion order). 0.11 appends every freed block to ``fifo``; 0.33 pushes blocks without a
-        # hash onto ``head`` and appends hashed ones to ``fifo``. Hits leave ``fifo`` from the middle.
-        if version == "0.33":
-            self.head: list[int] = list(range(num_blocks - 1, 0, -1))
-            self.fifo: dict[int, None] = {}
-        else:
-            self.head = []
-            self.fifo = dict.fromkeys(range(1, num_blocks))
-        self._fifo_pops = 0
+        # The free-block queue: 0.11 appends every freed block at the tail; 0.33 prepends blocks
+        # without a hash at the head and appends hashed ones. A hit on a free block takes it out.
+        # 0.33 initialises the queue in block-id order like 0.11, but every block is unhashed
+        self.free = FreeBlockQueue(list(range(1, num_blocks)), []) if version == "0.33" \
+            else FreeBlockQueue([], list(range(1, num_blocks)))
         self.num_hashed_free = 0  # free blocks that still carry a hash (reusable cache)
         self.cached: dict[int, int] = {}  # block hash -> first block holding it
         self.dups: dict[int, list[int]] = {}  # further blocks with the same hash (no dedup)
@@ -149,11 +236,11 @@ class PagedManager(KVManager):
 
     @property
     def num_free(self) -> int:
-        return len(self.fifo) + len(self.head)
+        return len(self.free)
 
     def free_queue(self) -> list[int]:
         """The free-block queue from head (next allocated) to tail."""
-        return self.head[::-1] + list(self.fifo)
+        return self.free.order()
 
     # ---------------------------------------------------------------- block pool
     def _keys(self, seq: Seq) -> list[int]:
@@ -203,7 +290,7 @@ class PagedManager(KVManager):
         need = max(-(-total // bs) - len(seq.blocks) - len(hits), 0)
         ref = self.ref
         free_hits = sum(1 for b in hits if ref[b] == 0)
-        avail = len(self.fifo) + len(self.head)
+        avail = len(self.free)
         check = need
         if admitting and self.version == "0.33":
             check = max(-(-seq.num_tokens // bs) - len(hits), need)  # whole prompt must fit
@@ -213,30 +300,17 @@ class PagedManager(KVManager):
             return False
         if dry_run:
             return True
-        free, bhash = self.fifo, self.bhash
+        bhash = self.bhash
         blocks = seq.blocks
         if hits:
-            for b in [b for b in hits if ref[b] == 0]:  # touch: leave the free queue
-                del free[b]
+            if free_hits:  # touch: hit blocks nobody holds leave the free queue
+                self.free.remove_n([b for b in hits if ref[b] == 0])
             self.num_hashed_free -= free_hits
             _consume(map(ref.__setitem__, hits, [ref[b] + 1 for b in hits]))
             blocks.extend(hits)
             seq.num_cached_blocks = len(blocks)  # hit blocks are cached already
         if need:
-            head = self.head
-            if len(head) >= need:
-                new = head[-need:][::-1]
-                del head[-need:]
-            else:
-                new = head[::-1]
-                head.clear()
-                rest = list(islice(free, need - len(new)))  # least recently freed first
-                _consume(map(free.__delitem__, rest))
-                new += rest
-                self._fifo_pops += len(rest)
-                if self._fifo_pops > len(free) + 256:  # a dict popped from the front keeps its holes:
-                    self.fifo = dict.fromkeys(free)  # compact it, amortised O(1) per pop
-                    self._fifo_pops = 0
+            new = self.free.popleft_n(need)
             hashed = [b for b in new if bhash[b] is not None]
             if hashed:  # lazy eviction of the cached content those blocks held
                 self.num_hashed_free -= len(hashed)
@@ -271,25 +345,28 @@ class PagedManager(KVManager):
         return True
 
     def _free_seq(self, seq: Seq) -> None:
-        ref, free, bhash = self.ref, self.fifo, self.bhash
+        """``free``: drop the request's references, tail block first; blocks nobody else holds go
+        back to the free queue (0.11: all at the tail; 0.33: unhashed ones at the head)."""
+        ref, free, bhash = self.ref, self.free, self.bhash
         blocks, nc = seq.blocks, seq.num_cached_blocks
         # Usually the blocks other requests still use form a prefix (shared hits, a common system
         # prompt): those only lose a reference; every later block becomes free.
-        shared = next((i for i, b in enumerate(blocks) if ref[b] == 1), len(blocks))
-        if shared <= nc and not any(ref[b] - 1 for b in islice(blocks, shared, None)):
-            for b in blocks[:shared]:
-                ref[b] -= 1
-            blocks = blocks[shared:]
+        refs = list(map(ref.__getitem__, blocks))
+        shared = refs.index(1) if 1 in refs else len(blocks)
+        if shared <= nc and refs.count(1) == len(refs) - shared:  # (held blocks have ref >= 1)
+            if shared:
+                _consume(map(ref.__setitem__, blocks[:shared], map(sub, refs[:shared], repeat(1))))
+                blocks = blocks[shared:]
             nc -= shared
             # blocks[:nc] carry hashes (hits and registered blocks), the rest (the partial tail) not
             _consume(map(ref.__setitem__, blocks, repeat(0)))
             hashed_rev = blocks[nc - 1::-1] if nc else []  # tail block first
             unhashed_rev = blocks[:nc - 1:-1] if nc else blocks[::-1]
             if self.version == "0.33":
-                self.head += unhashed_rev  # pushed to the head one by one
-                free.update(dict.fromkeys(hashed_rev))
+                free.prepend_n(unhashed_rev)
+                free.append_n(hashed_rev)
             else:
-                free.update(dict.fromkeys(unhashed_rev + hashed_rev))
+                free.append_n(unhashed_rev + hashed_rev)
             self.num_hashed_free += nc
             seq.blocks = []
             seq.num_cached_blocks = 0
@@ -300,11 +377,11 @@ class PagedManager(KVManager):
         zero = [b for b, r in zip(rev, left) if r == 0]
         if self.version == "0.33":  # 0.33: blocks without a hash go to the head, one by one
             unhashed = [b for b in zero if bhash[b] is None]
-            self.head += unhashed
-            free.update(dict.fromkeys([b for b in zero if bhash[b] is not None]))
+            free.prepend_n(unhashed)
+            free.append_n([b for b in zero if bhash[b] is not None])
             self.num_hashed_free += len(zero) - len(unhashed)
         else:  # 0.11: every block to the tail, in this order
-            free.update(dict.fromkeys(zero))
+            free.append_n(zero)
             self.num_hashed_free += sum(1 for b in zero if bhash[b] is not None)
         seq.blocks = []
         seq.num_cached_blocks = 0
@@ -486,16 +563,7 @@ class PagedManager(KVManager):
 
     def _pop_free(self) -> int:
         """One block from the head of the free queue, its cached content evicted."""
-        if self.head:
-            b = self.head.pop()
-        else:
-            fifo = self.fifo
-            b = next(iter(fifo))
-            del fifo[b]
-            self._fifo_pops += 1
-            if self._fifo_pops > len(fifo) + 256:
-                self.fifo = dict.fromkeys(fifo)
-                self._fifo_pops = 0
+        b = self.free.popleft_n(1)[0]
         if self.bhash[b] is not None:
             self.num_hashed_free -= 1
             self._evict(b)
@@ -513,10 +581,13 @@ class PagedManager(KVManager):
         if counts != ref:
             bad = [b for b in range(self.num_gpu_blocks) if counts[b] != ref[b]][:5]
             raise InvariantError(f"vllm: ref_cnt disagrees with running block tables at blocks {bad}")
-        free_ids = set(self.fifo) | set(self.head)
-        if len(free_ids) != self.num_free:
+        queue = self.free.order()
+        free_ids = set(queue)
+        if len(free_ids) != len(queue) or len(queue) != self.num_free:
             raise InvariantError("vllm: a block sits twice in the free queue")
-        if self.version == "0.33" and any(self.bhash[b] is not None for b in self.head):
+        if any(c < 1 for c in self.free.stale.values()) or sum(self.free.stale.values()) != self.free.num_stale:
+            raise InvariantError("vllm: the free queue's stale-copy counts drifted")
+        if self.version == "0.33" and any(self.bhash[b] is not None for b in self.free.head):
             raise InvariantError("vllm: a hashed block sits in 0.33's unhashed head")
         if 0 in free_ids or ref[0]:
             raise InvariantError("vllm: the null block entered circulation")
