@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-from .errors import InvalidValueError, check_positive
+from .errors import InvalidValueError
 from .hardware.device import Device, Machine
 from .kv_size import kv_bytes_per_value, swa_cache_tokens
 from .models.spec import ModelSpec
@@ -54,10 +54,30 @@ class _Prefix:
     kv_full: tuple[float, ...]  # KV values per token in full-attention blocks (count, not bytes)
     kv_swa: tuple[float, ...]  # KV values per token in sliding-window blocks
     attn_flops: tuple[float, ...]  # attention FLOPs per query token per cached token
+    memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # _layout's and _gpu_curve's answers
+
+
+def _prefix(model: ModelSpec, quant) -> _Prefix:
+    if quant is None:  # a file's own tensors: ModelSpec equality ignores them, so key by the table
+        key = id(model.tensors)
+        hit = _FILE_PREFIXES.get(key)
+        if hit is None or hit[0] is not model.tensors:
+            hit = _FILE_PREFIXES[key] = (model.tensors, _compute_prefix(model, None))
+            if len(_FILE_PREFIXES) > 64:  # the table is kept alive while its entry is: ids stay unique
+                del _FILE_PREFIXES[next(iter(_FILE_PREFIXES))]
+        return hit[1]
+    return _quant_prefix(model, quant)
+
+
+_FILE_PREFIXES: dict[int, tuple[tuple, _Prefix]] = {}
 
 
 @lru_cache(maxsize=2048)
-def _prefix(model: ModelSpec, quant) -> _Prefix:
+def _quant_prefix(model: ModelSpec, quant) -> _Prefix:
+    return _compute_prefix(model, quant)
+
+
+def _compute_prefix(model: ModelSpec, quant) -> _Prefix:
     plan = tensor_plan(model, quant)
     n = model.n_layers
     block, expert, active = [0.0] * n, [0.0] * n, [0.0] * n
@@ -119,8 +139,9 @@ class DeviceUse(NamedTuple):
         return self.capacity_bytes - self.total_bytes
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
+    """Where every byte of one configuration lives (an immutable record: a sweep makes many thousands)."""
+
     model: ModelSpec
     machine: Machine
     quant: str  # label of the quantization
@@ -133,7 +154,7 @@ class Placement:
     auto: bool = False  # ngl chosen by --fit
     ctx_reduced: bool = False  # --fit shrank an unset context
     unified: bool = False
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
     scheme: object = None  # the resolved quant (Preset or PureType); None: the file's own tensors
 
     @property
@@ -243,10 +264,8 @@ def place(
     """
     if order not in ORDERS:
         raise InvalidValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-    if n_ctx is not None:
-        check_positive("n_ctx", n_ctx)
-        if isinstance(n_ctx, float):
-            raise InvalidValueError(f"n_ctx must be an integer number of tokens, got {n_ctx!r}")
+    if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0):
+        raise InvalidValueError(f"n_ctx must be an integer number of tokens > 0, got {n_ctx!r}")
     L = model.n_layers
     if n_gpu_layers is not None and (not isinstance(n_gpu_layers, int) or n_gpu_layers < 0):
         raise InvalidValueError(f"n_gpu_layers must be an integer >= 0 (at most {L + 1} for {model.name}), got {n_gpu_layers!r}")
@@ -266,6 +285,13 @@ def place(
     user_ctx = n_ctx is not None
     ctx = n_ctx if user_ctx else model.n_ctx_train
 
+    if n_gpu_layers is None and user_ctx and len(gpus) == 1 and not n_cpu_moe and not no_kv_offload:
+        # --fit on one GPU: read the largest ngl that fits off the cached curve of GPU bytes against ngl
+        curve = _gpu_curve(model, pre, ctx, kv_type, n_seq, n_ubatch, order)
+        ngl = max(0, bisect.bisect_right(curve, gpu_capacity_bytes(gpus[0], machine) - fit_target_bytes) - 1)
+        return _build(model, machine, pre, scheme, label, ctx, kv_type, ngl, n_cpu_moe, tensor_split, no_kv_offload, n_seq,
+                      n_ubatch, fit_target_bytes, order, True, False)
+
     def build(ngl: int, c: int, auto: bool = False, ctx_reduced: bool = False) -> Placement:
         return _build(model, machine, pre, scheme, label, c, kv_type, min(ngl, ngl_max), n_cpu_moe, tensor_split, no_kv_offload, n_seq,
                       n_ubatch, fit_target_bytes, order, auto, ctx_reduced)
@@ -276,10 +302,6 @@ def place(
             p = _shrink_ctx(lambda n, c: build(n, c, False, True), n_gpu_layers, ctx, fit_ctx, fit_target_bytes) or p
         return p
     # --fit: full offload at the largest context that fits, else shrink layers
-    if user_ctx and len(gpus) == 1 and not n_cpu_moe and not no_kv_offload:
-        # one GPU: read the largest ngl that fits off the cached curve of GPU bytes against ngl
-        curve = _gpu_curve(model, scheme, ctx, kv_type, n_seq, n_ubatch, order)
-        return build(max(0, bisect.bisect_right(curve, gpu_capacity_bytes(gpus[0], machine) - fit_target_bytes) - 1), ctx, True)
     best = build(ngl_max, ctx, True)
     ctx_reduced = False
     if not _gpus_fit(best, fit_target_bytes) and not user_ctx:
@@ -292,7 +314,7 @@ def place(
         lo, hi = 0, ngl_max  # largest ngl whose GPUs fit: use is monotone in ngl
         if len(gpus) == 1 and not n_cpu_moe and not no_kv_offload:
             # one GPU: read the answer off the cached curve of GPU bytes against ngl
-            curve = _gpu_curve(model, scheme, ctx, kv_type, n_seq, n_ubatch, order)
+            curve = _gpu_curve(model, pre, ctx, kv_type, n_seq, n_ubatch, order)
             lo = hi = max(0, bisect.bisect_right(curve, gpu_capacity_bytes(gpus[0], machine) - fit_target_bytes) - 1)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -304,10 +326,16 @@ def place(
     return best
 
 
-@lru_cache(maxsize=8192)
-def _gpu_curve(model: ModelSpec, scheme, n_ctx: int, kv_type: str, n_seq: int, n_ubatch: int, order: str) -> tuple[float, ...]:
+def _gpu_curve(model: ModelSpec, pre: _Prefix, n_ctx: int, kv_type: str, n_seq: int, n_ubatch: int, order: str) -> tuple[float, ...]:
     """Bytes on a single GPU for ngl = 0 … n_layers + 1 (non-decreasing), as _build counts them."""
-    pre = _prefix(model, scheme)
+    key = ("curve", n_ctx, kv_type, n_seq, n_ubatch, order)
+    hit = pre.memo.get(key)
+    if hit is None:
+        hit = _remember(pre, key, _compute_gpu_curve(model, pre, n_ctx, kv_type, n_seq, n_ubatch, order))
+    return hit
+
+
+def _compute_gpu_curve(model: ModelSpec, pre: _Prefix, n_ctx, kv_type, n_seq, n_ubatch, order) -> tuple[float, ...]:
     L = model.n_layers
     b_kv = kv_bytes_per_value(kv_type)
     swa_cells = swa_cache_tokens(model, n_ctx, n_seq, n_ubatch) if model.swa_layers else n_ctx
@@ -316,14 +344,15 @@ def _gpu_curve(model: ModelSpec, scheme, n_ctx: int, kv_type: str, n_seq: int, n
         kv = ((pre.kv_full[b] - pre.kv_full[a]) * n_ctx + (pre.kv_swa[b] - pre.kv_swa[a]) * swa_cells) * b_kv
         return pre.block[b] - pre.block[a] + kv
 
+    # the first GPU reserves the logits either way (its own output head, or op offload)
+    buffers = compute_buffer_bytes(model, n_ubatch, True)
     curve = [0.0]
     for ngl in range(1, L + 2):
         if order == "lesson":
             lo, hi, out = 0, min(ngl, L), ngl > L
         else:
             lo, hi, out = max(L + 1 - ngl, 0), L, True
-        # the first GPU reserves the logits either way (its own output head, or op offload)
-        curve.append(blocks(lo, hi) + (pre.output + pre.tied_output if out else 0.0) + compute_buffer_bytes(model, n_ubatch, True))
+        curve.append(blocks(lo, hi) + (pre.output + pre.tied_output if out else 0.0) + buffers)
     return tuple(curve)
 
 
@@ -345,15 +374,43 @@ def _shrink_ctx(build, ngl: int, ctx: int, fit_ctx: int, fit_target: float) -> P
     return build(ngl, lo * 256)
 
 
-def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target,
-           order, auto=False, ctx_reduced=False) -> Placement:
-    L = model.n_layers
-    gpus = machine.gpus
-    n_dev = 1 + len(gpus)
-    b_kv = kv_bytes_per_value(kv_type)
-    swa_cells = swa_cache_tokens(model, n_ctx, n_seq, n_ubatch) if model.swa_layers else n_ctx
+class _Share(NamedTuple):
+    """What one device takes of a layout, before context and machine are known (sums over blocks)."""
+
+    weights_bytes: float
+    dense_read_bytes: float
+    expert_bytes: float
+    flops_per_token: float
+    kv_full_values: float  # KV values per token of context (full-attention blocks)
+    kv_swa_values: float  # same for sliding-window blocks
+    attn_flops_per_token_ctx: float
+    n_blocks: int
+    has_output: bool
+    buffers: int  # compute buffers it reserves: 0 none, 1 the FFN's, 2 the FFN's and the logits
+
+
+def _layout(pre: _Prefix, L: int, ngl: int, order: str, shares: tuple[float, ...], n_cpu_moe: int,
+            no_kv_offload: bool) -> tuple[_Share, ...]:
+    """Which blocks each device holds for this -ngl, host first: cached per (model, quant), since a
+    sweep asks for the same few layouts at every context and on every machine with that many GPUs."""
+    key = ("layout", ngl, order, shares, n_cpu_moe, no_kv_offload)
+    hit = pre.memo.get(key)
+    if hit is None:
+        hit = _remember(pre, key, _compute_layout(pre, L, ngl, order, shares, n_cpu_moe, no_kv_offload))
+    return hit
+
+
+def _remember(pre: _Prefix, key: tuple, value):
+    if len(pre.memo) > 4096:  # user contexts and tensor splits are unbounded: keep the memo small
+        pre.memo.clear()
+    pre.memo[key] = value
+    return value
+
+
+def _compute_layout(pre: _Prefix, L, ngl, order, shares, n_cpu_moe, no_kv_offload) -> tuple[_Share, ...]:
+    n_dev = 1 + len(shares)
     # llama.cpp's layers 0 … L (L = the output head) that go to GPUs, as one contiguous range
-    if not gpus or ngl <= 0:
+    if not shares or ngl <= 0:
         lo = hi = 0
         out_on_gpu = False
     elif order == "lesson":
@@ -365,12 +422,11 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
     ranges: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]
     ranges[0] = [(0, lo), (hi, L)]
     d_out = 0
-    if n_gpu_layers_total and len(gpus) == 1:
+    if n_gpu_layers_total and len(shares) == 1:
         ranges[1].append((lo, hi))
         d_out = 1 if out_on_gpu else 0
     elif n_gpu_layers_total:
-        share = list(tensor_split) if tensor_split else [g.memory_gb for g in gpus]
-        counts = _split_counts(share, n_gpu_layers_total)
+        counts = _split_counts(list(shares), n_gpu_layers_total)
         start = lo
         for g, count in enumerate(counts):
             blocks = min(count, hi - start)
@@ -378,11 +434,10 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
             start += blocks
         if out_on_gpu:  # the output layer is the last GPU layer
             d_out = 1 + max(g for g, c in enumerate(counts) if c)
-    devs: list[DeviceUse | None] = [None] * n_dev
+    out: list[_Share | None] = [None] * n_dev
     held_back = 0.0  # routed experts of GPU blocks kept in host memory (--n-cpu-moe)
     p_block, p_expert, p_active = pre.block, pre.expert, pre.active_params
     p_kvf, p_kvs, p_attn = pre.kv_full, pre.kv_swa, pre.attn_flops
-    cb_ffn, cb_logits = compute_buffer_bytes(model, n_ubatch, False), n_ubatch * 4 * model.vocab_size  # f32 per token
     for d in [*range(1, n_dev), 0]:  # GPUs first: the host also takes what they hold back
         w = dense = exp = act = kvf = kvs = att = 0.0
         nblk = 0
@@ -409,30 +464,57 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
             w += pre.token_embd + held_back  # input embeddings stay on the host; decode reads one row (negligible)
             exp += held_back
             if no_kv_offload:  # -nkvo: every block's cache stays in RAM
-                kvf, kvs, att = pre.kv_full[L], pre.kv_swa[L], pre.attn_flops[L]
+                kvf, kvs, att = p_kvf[L], p_kvs[L], p_attn[L]
         flops = 2.0 * act  # one multiply and one add per weight touched
         if d == d_out:
             w += pre.output + (pre.tied_output if d else 0.0)  # on the host the tied head is token_embd itself
             dense += pre.output + pre.tied_output
             flops += 2.0 * pre.output_params
-        kv_bytes = (kvf * n_ctx + kvs * swa_cells) * b_kv  # values per token x cells x bytes per value
-        has_work = d == 0 or nblk or d == d_out
         # logits live where the output matmul runs; with op offload a CPU-resident output head's
         # prompt-batch matmul runs on the first GPU, so that GPU reserves them too
-        cb = (cb_ffn + (cb_logits if d == d_out or (d == 1 and d_out == 0) else 0.0)) if has_work else 0.0
+        buffers = (2 if d == d_out or (d == 1 and d_out == 0) else 1) if (d == 0 or nblk or d == d_out) else 0
+        out[d] = _Share(w, dense, exp, flops, kvf, kvs, att, nblk, d == d_out, buffers)
+    return tuple(out)
+
+
+def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target,
+           order, auto=False, ctx_reduced=False) -> Placement:
+    gpus = machine.gpus
+    # the split shares matter only between several GPUs (-ts, default proportional to memory)
+    shares = tuple(tensor_split) if tensor_split else (tuple(g.memory_gb for g in gpus) if len(gpus) > 1 else (1.0,) * len(gpus))
+    layout = _layout(pre, model.n_layers, ngl, order, shares, n_cpu_moe, no_kv_offload)
+    b_kv = _kv_bytes_per_value(kv_type) if isinstance(kv_type, str) else kv_bytes_per_value(kv_type)
+    swa_cells = swa_cache_tokens(model, n_ctx, n_seq, n_ubatch) if model.swa_layers else n_ctx
+    cb_ffn = compute_buffer_bytes(model, n_ubatch, False)
+    buffer_bytes = (0.0, cb_ffn, cb_ffn + n_ubatch * 4 * model.vocab_size)  # none, FFN, FFN + f32 logits
+    make = tuple.__new__  # DeviceUse(...) without the keyword-handling constructor: placements are hot
+    devs = []
+    reasons = []
+    need_all = 0.0
+    for d, s in enumerate(layout):
+        kv_bytes = (s.kv_full_values * n_ctx + s.kv_swa_values * swa_cells) * b_kv  # values per token x cells x bytes per value
+        cb = buffer_bytes[s.buffers]
+        need = s.weights_bytes + kv_bytes + cb
+        need_all += need
         if d == 0:
-            devs[0] = (DeviceUse(machine.ram.name, "cpu", machine.ram.memory_gb * GB, w, kv_bytes, cb, nblk, d_out == 0,
-                                  dense, exp, kvf * b_kv, kvs * b_kv, flops, att))
+            name, kind, cap = machine.ram.name, "cpu", machine.ram.memory_gb * GB
         else:
             g = gpus[d - 1]
-            devs[d] = (DeviceUse(g.name, "gpu", gpu_capacity_bytes(g, machine), w, kv_bytes, cb, nblk, d_out == d,
-                                  dense, exp, kvf * b_kv, kvs * b_kv, flops, att))
-    reasons = [f"{d.name} needs {d.total_bytes / GB:.2f} GB but has {d.capacity_bytes / GB:.2f} GB "
-               f"(keeping a {fit_target / MiB:.0f} MiB margin)" for d in devs[1:] if d.free_bytes < fit_target]
+            name, kind, cap = g.name, "gpu", gpu_capacity_bytes(g, machine)
+            if cap - need < fit_target:
+                reasons.append(f"{name} needs {need / GB:.2f} GB but has {cap / GB:.2f} GB (keeping a {fit_target / MiB:.0f} MiB margin)")
+        devs.append(make(DeviceUse, (name, kind, cap, s.weights_bytes, kv_bytes, cb, s.n_blocks, s.has_output,
+                                     s.dense_read_bytes, s.expert_bytes, s.kv_full_values * b_kv, s.kv_swa_values * b_kv,
+                                     s.flops_per_token, s.attn_flops_per_token_ctx)))
     host_cap = machine.ram.memory_gb * GB
-    host_need = sum(d.total_bytes for d in devs) if machine.unified else devs[0].total_bytes
+    host_need = need_all if machine.unified else devs[0].total_bytes
     if host_need > host_cap:
         reasons.append(f"host memory needs {host_need / GB:.2f} GB but has {host_cap / GB:.2f} GB "
                        "(with mmap llama.cpp still starts, paging weights from disk at drive speed)")
     return Placement(model, machine, label, n_ctx, kv_type, ngl, tuple(devs), not reasons, "; ".join(reasons),
                      auto=auto, ctx_reduced=ctx_reduced, unified=machine.unified, scheme=scheme)
+
+
+@lru_cache(maxsize=64)
+def _kv_bytes_per_value(kv_type: str) -> float:
+    return kv_bytes_per_value(kv_type)

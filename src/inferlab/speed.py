@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .errors import InvalidValueError, check_positive
 from .hardware.device import Device, Machine
-from .placement import DeviceUse, Placement
+from .placement import Placement
 
 OP_OFFLOAD_MIN_BATCH = 32  # llama.cpp CUDA: CPU-layer matmuls move to the GPU from this batch size
 
@@ -67,10 +67,6 @@ def expert_read_fraction(n_experts: int, n_used: int, batch: int) -> float:
     return 1.0 - (1.0 - n_used / n_experts) ** batch
 
 
-def _kv_read(d: DeviceUse, context: int, window: int | None) -> float:
-    return d.kv_full_bytes_per_token * context + d.kv_swa_bytes_per_token * min(context, window or context)
-
-
 def decode_step_time(placement: Placement, machine: Machine, context: int, batch: int = 1, model: SpeedModel = LESSON) -> dict:
     """Seconds for one decode step of `batch` sequences at `context` cached tokens each.
 
@@ -79,42 +75,46 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
     "cpu-kernels" when the CPU's dequantize-and-dot throughput, not its memory, limits it) and
     bottleneck (a sentence).
     """
-    _check_ctx("context", context)
+    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+        _check_ctx("context", context)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidValueError(f"batch must be an integer >= 1, got {batch!r}")
     spec = placement.model
-    frac = expert_read_fraction(spec.n_experts, spec.n_experts_used, batch)
+    frac = expert_read_fraction(spec.n_experts, spec.n_experts_used, batch) if spec.n_experts else 0.0
+    swa_ctx = min(context, spec.sliding_window or context)  # sliding-window layers read at most the window
+    cpu_rate = model.cpu_decode_rate
     per = []
-    for d, hw in zip(placement.devices, _hw(placement, machine)):
+    total = 0.0
+    slow = None
+    for d, hw in zip(placement.devices, (machine.ram, *machine.gpus)):
         weights = d.dense_read_bytes + d.expert_bytes * frac  # weights read once for the whole batch
-        kv = batch * _kv_read(d, context, spec.sliding_window)  # every sequence reads its own cache
+        kv = batch * (d.kv_full_bytes_per_token * context + d.kv_swa_bytes_per_token * swa_ctx)  # every sequence reads its own cache
         bytes_ = weights + kv
         if not bytes_ and not d.flops_per_token:  # a device with nothing to do this step (the host of a full offload)
-            per.append({"device": d.name, "kind": d.kind, "s": 0.0, "bytes": 0.0, "weights_bytes": 0.0, "kv_bytes": 0.0,
-                        "memory_s": 0.0, "compute_s": 0.0, "overhead_s": 0.0, "bound": "memory"})
-            continue
-        bw = hw.bandwidth_bytes_per_s * model.eta(hw)
-        kernel_bound = False
-        if hw.is_cpu and model.cpu_decode_rate is not None and weights:
-            rate = model.cpu_decode_rate(hw, placement)  # dequantize-and-dot throughput of the cores
-            kernel_bound = rate < bw
-            bw = min(bw, rate)
-        mem_s = bytes_ / bw
-        flops = batch * (d.flops_per_token + d.attn_flops_per_token_ctx * context)
-        comp_s = flops / (hw.fp16_flops * model.decode_compute_eff)
-        over = model.layer_overhead_s.get(hw.backend, 0.0) * d.n_blocks
-        t = max(mem_s, comp_s) + over if (bytes_ or flops) else 0.0
-        per.append({"device": d.name, "kind": d.kind, "s": t, "bytes": bytes_, "weights_bytes": weights, "kv_bytes": kv,
-                    "memory_s": mem_s, "compute_s": comp_s, "overhead_s": over,
-                    "bound": "compute" if comp_s > mem_s else ("cpu-kernels" if kernel_bound else "memory")})
-    total = sum(p["s"] for p in per)
+            p = {"device": d.name, "kind": d.kind, "s": 0.0, "bytes": 0.0, "weights_bytes": 0.0, "kv_bytes": 0.0,
+                 "memory_s": 0.0, "compute_s": 0.0, "overhead_s": 0.0, "bound": "memory"}
+        else:
+            bw = hw.bandwidth_gbs * 1e9 * model.eta(hw)
+            kernel_bound = False
+            if cpu_rate is not None and weights and hw.backend == "cpu":
+                rate = cpu_rate(hw, placement)  # dequantize-and-dot throughput of the cores
+                kernel_bound = rate < bw
+                bw = min(bw, rate)
+            mem_s = bytes_ / bw
+            flops = batch * (d.flops_per_token + d.attn_flops_per_token_ctx * context)
+            comp_s = flops / (hw.fp16_tflops * 1e12 * model.decode_compute_eff)
+            over = model.layer_overhead_s.get(hw.backend, 0.0) * d.n_blocks if model.layer_overhead_s else 0.0
+            t = max(mem_s, comp_s) + over if (bytes_ or flops) else 0.0
+            p = {"device": d.name, "kind": d.kind, "s": t, "bytes": bytes_, "weights_bytes": weights, "kv_bytes": kv,
+                 "memory_s": mem_s, "compute_s": comp_s, "overhead_s": over,
+                 "bound": "compute" if comp_s > mem_s else ("cpu-kernels" if kernel_bound else "memory")}
+        per.append(p)
+        total += p["s"]
+        if slow is None or p["s"] > slow["s"]:
+            slow = p
     cpu_s = per[0]["s"]
     gpu_s = total - cpu_s
-    slow = per[0]
-    for p in per:
-        if p["s"] > slow["s"]:
-            slow = p
-    if cpu_s > 0.5 * total and placement.gpus:
+    if cpu_s > 0.5 * total and len(per) > 1:
         why = f"partial offload: {cpu_s / total:.0%} of each step is spent on the CPU's layers in system RAM"
     elif slow["bound"] == "cpu-kernels":
         why = (f"per-core compute on {slow['device']}: the CPU cores dequantize and multiply the weights slower "

@@ -128,3 +128,26 @@ def test_tied_output_head_is_copied_only_to_a_gpu():
     gpu = place(m, MACHINES["rtx4090"], Q, 4096)
     assert gpu.gpus[0].has_output
     assert gpu.weights_total == pytest.approx(wb["total"] + wb["token_embd"])  # TENSOR_DUPLICATED onto the GPU
+
+
+def test_two_files_of_one_model_are_placed_by_their_own_tensors(tmp_path):
+    # ModelSpec equality ignores the tensor table, so one path read before and after it was
+    # re-quantized with another tensor mix (same file type) gives equal specs: placement must still
+    # count each file's own bytes. Here: one tiny model written in F16 and in F32, the second
+    # relabelled with the first's file type and source.
+    from dataclasses import replace
+
+    pytest.importorskip("gguf")
+    from inferlab.models.gguf_reader import model_from_gguf
+    from inferlab.models.gguf_writer import write_gguf
+    from inferlab.models.spec import ModelSpec
+
+    spec = ModelSpec("tiny", "llama", 2, 64, 4, 2, 16, 128, 300, n_ctx_train=256)
+    f16 = model_from_gguf(write_gguf(spec, tmp_path / "a.gguf", "F16"))
+    f32 = model_from_gguf(write_gguf(spec, tmp_path / "b.gguf", "F32"))
+    twin = replace(f32, file_type=f16.file_type, source=f16.source)
+    assert twin == f16 and twin.tensors != f16.tensors
+    machine = MACHINES["rtx4090"]
+    a, b = place(f16, machine, None, 256), place(twin, machine, None, 256)
+    assert a.weights_total == sum(t.n_bytes for t in f16.tensors)
+    assert b.weights_total == sum(t.n_bytes for t in twin.tensors) > 1.9 * a.weights_total

@@ -91,17 +91,20 @@ def layer_bytes(model: ModelSpec, quant: str | Preset | PureType | None = None) 
 # --- cached work --------------------------------------------------------------------------------
 
 @lru_cache(maxsize=1024)
-def _inventory(model: ModelSpec) -> tuple[tuple, Prepared, tuple[int, ...], tuple[int, ...]]:
-    """The model's tensors, what the rules precompute on them, weights and rows of each."""
+def _inventory(model: ModelSpec) -> tuple[tuple, Prepared, tuple[tuple, ...]]:
+    """The model's tensors, what the rules precompute on them, and per tensor what a plan entry
+    repeats: (name, shape, weights, row length, rows, block index, is_expert)."""
     tensors = tensor_inventory(model)
-    n_elements = tuple(t.n_elements for t in tensors)
-    n_rows = tuple(n // t.shape[0] for t, n in zip(tensors, n_elements))
-    return tensors, prepare(tensors), n_elements, n_rows
+    rows = []
+    for t in tensors:
+        n = t.n_elements
+        rows.append((t.name, t.shape, n, t.shape[0], n // t.shape[0], t.layer, t.is_expert))
+    return tensors, prepare(tensors), tuple(rows)
 
 
 @lru_cache(maxsize=4096)
 def _plan(model: ModelSpec, quant: Preset | PureType) -> tuple[PlanEntry, ...]:
-    tensors, prep, n_elements, n_rows = _inventory(model)
+    tensors, prep, rows = _inventory(model)
     imatrix = bool(quant.imatrix) if isinstance(quant, Preset) else False
     types = plan_types(tensors, model, quant, imatrix=imatrix, prepared=prep)
     if (isinstance(quant, Preset) and quant.imatrix is None and quant.name in _MAY_NEED_IMATRIX
@@ -109,13 +112,13 @@ def _plan(model: ModelSpec, quant: Preset | PureType) -> tuple[PlanEntry, ...]:
         # llama-quantize refuses this preset without an importance matrix: plan the file made with one
         types = plan_types(tensors, model, quant, imatrix=True, prepared=prep)
     table = ggml_types()
+    layouts = {ty: (table[ty].block_size, table[ty].type_size) for ty in set(types)}
     make = tuple.__new__  # PlanEntry(...) without the keyword-handling constructor: plans are hot
     entries = []
-    for t, ty, n, rows in zip(tensors, types, n_elements, n_rows):
-        g = table[ty]
+    for (name, shape, n, ncols, n_rows, layer, is_expert), ty in zip(rows, types):
+        block_size, type_size = layouts[ty]
         # bytes = whole blocks per row x bytes per block x rows (ggml_row_size * nrows)
-        n_bytes = t.shape[0] // g.block_size * g.type_size * rows
-        entries.append(make(PlanEntry, (t.name, t.shape, n, ty, n_bytes, t.layer, t.is_expert)))
+        entries.append(make(PlanEntry, (name, shape, n, ty, ncols // block_size * type_size * n_rows, layer, is_expert)))
     return tuple(entries)
 
 
