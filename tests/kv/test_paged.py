@@ -122,14 +122,17 @@ def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
         pytest.skip("traces not present")
 
     def per_block_free(self, seq):
-        for b in reversed(seq.blocks):
+        keys = self._keys(seq)
+        for i in reversed(range(len(seq.blocks))):
+            b = seq.blocks[i]
             self.ref[b] -= 1
             if self.ref[b] == 0:
-                if self.bhash[b] is None and self.version == "0.33":
+                hashed = i < seq.num_cached_blocks  # hits, then the blocks it registered
+                if not hashed and self.version == "0.33":
                     self.free.prepend_n([b])
                 else:
-                    self.free.append_n([b])
-                    self.num_hashed_free += self.bhash[b] is not None
+                    self.free.append_n([b], [keys[i] if hashed else None])
+                    self.num_hashed_free += hashed
         seq.blocks = []
         seq.num_cached_blocks = 0
 

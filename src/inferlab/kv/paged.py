@@ -69,22 +69,25 @@ def block_keys(runs, block_size: int) -> list[int]:
 
 
 class FreeBlockQueue:
-    """vLLM's ``FreeKVCacheBlockQueue``: the free blocks, head (allocated next) to tail.
+    """vLLM's ``FreeKVCacheBlockQueue``: the free blocks, head (allocated next) to tail, each with
+    the block hash it still carries (None: no hash), which allocation evicts.
 
     vLLM keeps a doubly linked list: ``popleft`` at the head, ``append`` at the tail, removal
     from the middle when a hit touches a free block, and (0.33) unhashed blocks prepended at the
     head. Here: ``head`` is a stack (top = head of the queue) that only 0.33's unhashed blocks
-    enter, then ``tail``, a list read from index ``start`` on. Bulk pops and appends are slices.
-    A touched block leaves lazily: ``stale[b]`` counts the copies of ``b`` still in ``tail`` that
-    are no longer free. A block re-enters only at the tail, so its stale copies always precede
-    its live one, and a pop that meets ``b`` while ``stale[b]`` > 0 has met a stale copy.
+    enter, then ``tail`` (with ``tail_keys`` beside it), lists read from index ``start`` on.
+    Bulk pops and appends are slices. A touched block leaves lazily: ``stale[b]`` counts the
+    copies of ``b`` still in ``tail`` that are no longer free. A block re-enters only at the
+    tail, so its stale copies always precede its live one, and a pop that meets ``b`` while
+    ``stale[b]`` > 0 has met a stale copy.
     """
 
-    __slots__ = ("head", "tail", "start", "stale", "num_stale")
+    __slots__ = ("head", "tail", "tail_keys", "start", "stale", "num_stale")
 
     def __init__(self, head: list[int], tail: list[int]):
         self.head = head[::-1]  # top of the stack = head of the queue
         self.tail = tail
+        self.tail_keys: list[int | None] = [None] * len(tail)
         self.start = 0
         self.stale: dict[int, int] = {}
         self.num_stale = 0
@@ -92,45 +95,50 @@ class FreeBlockQueue:
     def __len__(self) -> int:
         return len(self.head) + len(self.tail) - self.start - self.num_stale
 
-    def popleft_n(self, n: int) -> list[int]:
-        """``popleft`` n times: the n blocks at the head, head first (n <= len(self))."""
+    def popleft_n(self, n: int) -> tuple[list[int], list[int | None]]:
+        """``popleft`` n times (n <= len(self)): the blocks, head first, and their hashes."""
         head = self.head
         if len(head) >= n:
             out = head[-n:]
             del head[-n:]
             out.reverse()
-            return out
+            return out, [None] * n
         out = head[::-1]
         head.clear()
-        tail, stale = self.tail, self.stale
+        keys: list[int | None] = [None] * len(out)
+        tail, tail_keys, stale = self.tail, self.tail_keys, self.stale
         while len(out) < n:
             lo = self.start
             hi = self.start = lo + n - len(out)
-            seg = tail[lo:hi]
+            seg, kseg = tail[lo:hi], tail_keys[lo:hi]
             if stale and not stale.keys().isdisjoint(seg):  # skip the touched blocks' copies
-                live = []
-                for b in seg:
+                live, live_keys = [], []
+                for b, k in zip(seg, kseg):
                     c = stale.get(b)
                     if c is None:
                         live.append(b)
+                        live_keys.append(k)
                     elif c == 1:
                         del stale[b]
                     else:
                         stale[b] = c - 1
                 self.num_stale -= len(seg) - len(live)
-                seg = live
+                seg, kseg = live, live_keys
             out += seg
+            keys += kseg
         if self.start > 4096 and self.start * 2 > len(tail):  # drop the consumed front, amortised O(1)
             del tail[:self.start]
+            del tail_keys[:self.start]
             self.start = 0
-        return out
+        return out, keys
 
-    def append_n(self, blocks: list[int]) -> None:
-        """``append`` each block at the tail, in order."""
+    def append_n(self, blocks: list[int], keys: list[int | None]) -> None:
+        """``append`` each block (with its hash) at the tail, in order."""
         self.tail += blocks
+        self.tail_keys += keys
 
     def prepend_n(self, blocks: list[int]) -> None:
-        """``appendleft`` each block at the head, in order (the last one ends up first)."""
+        """``appendleft`` each unhashed block at the head, in order (the last one ends up first)."""
         self.head += blocks
 
     def remove_n(self, blocks: list[int]) -> None:
@@ -141,22 +149,24 @@ class FreeBlockQueue:
             stale[b] = stale.get(b, 0) + 1
         self.num_stale += len(blocks)
         if self.num_stale > 4096 and self.num_stale * 2 > len(self.tail) - self.start:
-            self.tail = self.order()[len(self.head):]  # mostly stale: rebuild from the live copies
+            live = self.items()[len(self.head):]  # mostly stale: rebuild from the live copies
+            self.tail = [b for b, _ in live]
+            self.tail_keys = [k for _, k in live]
             self.start = 0
             self.stale.clear()
             self.num_stale = 0
 
-    def order(self) -> list[int]:
-        """The queue from head to tail."""
+    def items(self) -> list[tuple[int, int | None]]:
+        """(block, hash) from head to tail."""
         stale = dict(self.stale)
         live = []
-        for b in islice(self.tail, self.start, None):
+        for b, k in zip(islice(self.tail, self.start, None), islice(self.tail_keys, self.start, None)):
             c = stale.get(b)
             if c:
                 stale[b] = c - 1
             else:
-                live.append(b)
-        return self.head[::-1] + live
+                live.append((b, k))
+        return [(b, None) for b in reversed(self.head)] + live
 
 
 class PagedManager(KVManager):
@@ -195,9 +205,11 @@ class PagedManager(KVManager):
         self.usable_blocks = num_blocks - 1  # block 0 = null block
         self.watermark_blocks = int(watermark * num_blocks)
         self.ref = [0] * num_blocks
-        self.bhash: list[int | None] = [None] * num_blocks
         # The free-block queue: 0.11 appends every freed block at the tail; 0.33 prepends blocks
         # without a hash at the head and appends hashed ones. A hit on a free block takes it out.
+        # A block's hash lives beside it in the queue while it is free; while requests hold it,
+        # it is the holders' block hash at that position (blocks [0, num_cached_blocks) of a
+        # request carry hashes: its hits, then the blocks it registered).
         # 0.33 initialises the queue in block-id order like 0.11, but every block is unhashed
         self.free = FreeBlockQueue(list(range(1, num_blocks)), []) if version == "0.33" \
             else FreeBlockQueue([], list(range(1, num_blocks)))
@@ -240,7 +252,7 @@ class PagedManager(KVManager):
 
     def free_queue(self) -> list[int]:
         """The free-block queue from head (next allocated) to tail."""
-        return self.free.order()
+        return [b for b, _ in self.free.items()]
 
     # ---------------------------------------------------------------- block pool
     def _keys(self, seq: Seq) -> list[int]:
@@ -262,9 +274,9 @@ class PagedManager(KVManager):
             self.hits += len(hits) * self.block_size
         return hits
 
-    def _evict(self, b: int) -> None:
-        k = self.bhash[b]
-        self.bhash[b] = None
+    def _evict(self, b: int, k: int) -> None:
+        """Drop block ``b``'s entry for hash ``k`` from the hash map (no de-duplication: another
+        block with the same hash becomes the one lookups return)."""
         d = self.dups.get(k)
         if self.cached.get(k) == b:
             if d:
@@ -300,7 +312,6 @@ class PagedManager(KVManager):
             return False
         if dry_run:
             return True
-        bhash = self.bhash
         blocks = seq.blocks
         if hits:
             if free_hits:  # touch: hit blocks nobody holds leave the free queue
@@ -310,17 +321,16 @@ class PagedManager(KVManager):
             blocks.extend(hits)
             seq.num_cached_blocks = len(blocks)  # hit blocks are cached already
         if need:
-            new = self.free.popleft_n(need)
-            hashed = [b for b in new if bhash[b] is not None]
-            if hashed:  # lazy eviction of the cached content those blocks held
-                self.num_hashed_free -= len(hashed)
-                ks = [bhash[b] for b in hashed]
+            new, old = self.free.popleft_n(need)
+            ks = [k for k in old if k is not None]
+            if ks:  # lazy eviction of the cached content those blocks held
+                self.num_hashed_free -= len(ks)
                 if self.dups and not self.dups.keys().isdisjoint(ks):
-                    for b in hashed:
-                        self._evict(b)
+                    for b, k in zip(new, old):
+                        if k is not None:
+                            self._evict(b, k)
                 else:
                     _consume(map(self.cached.__delitem__, ks))
-                    _consume(map(bhash.__setitem__, hashed, repeat(None)))
             _consume(map(ref.__setitem__, new, repeat(1)))
             blocks.extend(new)
         if self.enable_prefix_caching:
@@ -332,11 +342,9 @@ class PagedManager(KVManager):
                 cached = self.cached
                 if cached.keys().isdisjoint(keys):  # the usual case: all new content
                     cached.update(zip(keys, seg))
-                    _consume(map(bhash.__setitem__, seg, keys))
                 else:
                     dups = self.dups
                     for b, k in zip(seg, keys):
-                        bhash[b] = k
                         if k in cached:
                             dups.setdefault(k, []).append(b)
                         else:
@@ -347,8 +355,9 @@ class PagedManager(KVManager):
     def _free_seq(self, seq: Seq) -> None:
         """``free``: drop the request's references, tail block first; blocks nobody else holds go
         back to the free queue (0.11: all at the tail; 0.33: unhashed ones at the head)."""
-        ref, free, bhash = self.ref, self.free, self.bhash
+        ref, free = self.ref, self.free
         blocks, nc = seq.blocks, seq.num_cached_blocks
+        keys = self._keys(seq) if nc else []
         # Usually the blocks other requests still use form a prefix (shared hits, a common system
         # prompt): those only lose a reference; every later block becomes free.
         refs = list(map(ref.__getitem__, blocks))
@@ -356,33 +365,30 @@ class PagedManager(KVManager):
         if shared <= nc and refs.count(1) == len(refs) - shared:  # (held blocks have ref >= 1)
             if shared:
                 _consume(map(ref.__setitem__, blocks[:shared], map(sub, refs[:shared], repeat(1))))
-                blocks = blocks[shared:]
-            nc -= shared
-            # blocks[:nc] carry hashes (hits and registered blocks), the rest (the partial tail) not
-            _consume(map(ref.__setitem__, blocks, repeat(0)))
-            hashed_rev = blocks[nc - 1::-1] if nc else []  # tail block first
+            _consume(map(ref.__setitem__, islice(blocks, shared, None), repeat(0)))
+            # blocks[shared:nc] carry hashes (hits and registered blocks), the rest (the partial
+            # tail) not; tail block first
+            hashed_rev = blocks[shared:nc][::-1]
             unhashed_rev = blocks[:nc - 1:-1] if nc else blocks[::-1]
             if self.version == "0.33":
                 free.prepend_n(unhashed_rev)
-                free.append_n(hashed_rev)
+                free.append_n(hashed_rev, keys[shared:nc][::-1])
             else:
-                free.append_n(unhashed_rev + hashed_rev)
-            self.num_hashed_free += nc
-            seq.blocks = []
-            seq.num_cached_blocks = 0
-            return
-        rev = blocks[::-1]  # tail block first
-        left = [ref[b] - 1 for b in rev]
-        _consume(map(ref.__setitem__, rev, left))
-        zero = [b for b, r in zip(rev, left) if r == 0]
-        if self.version == "0.33":  # 0.33: blocks without a hash go to the head, one by one
-            unhashed = [b for b in zero if bhash[b] is None]
-            free.prepend_n(unhashed)
-            free.append_n([b for b in zero if bhash[b] is not None])
-            self.num_hashed_free += len(zero) - len(unhashed)
-        else:  # 0.11: every block to the tail, in this order
-            free.append_n(zero)
-            self.num_hashed_free += sum(1 for b in zero if bhash[b] is not None)
+                free.append_n(unhashed_rev + hashed_rev, [None] * len(unhashed_rev) + keys[shared:nc][::-1])
+            self.num_hashed_free += nc - shared
+        else:
+            for i in range(len(blocks) - 1, -1, -1):  # tail block first
+                b = blocks[i]
+                ref[b] -= 1
+                if ref[b]:
+                    continue
+                if i < nc:
+                    free.append_n([b], [keys[i]])
+                    self.num_hashed_free += 1
+                elif self.version == "0.33":  # 0.33: a block without a hash goes to the head
+                    free.prepend_n([b])
+                else:  # 0.11: every block to the tail
+                    free.append_n([b], [None])
         seq.blocks = []
         seq.num_cached_blocks = 0
 
@@ -540,7 +546,7 @@ class PagedManager(KVManager):
             events.setdefault((-p) % bs, []).append((s, True, c0))  # token starts a block: allocate
             if caching:
                 events.setdefault((-p - 1) % bs, []).append((s, False, c0))  # fills one: register
-        ref, bhash, cached, dups = self.ref, self.bhash, self.cached, self.dups
+        ref, cached, dups = self.ref, self.cached, self.dups
         for i in range(k):
             for s, alloc, c0 in events.get(i % bs, ()):
                 if alloc:
@@ -551,7 +557,6 @@ class PagedManager(KVManager):
                     j = (c0 + i + 1) // bs - 1  # the block this step fills
                     b = s.blocks[j]
                     key = self._keys(s)[j]
-                    bhash[b] = key
                     if key in cached:
                         dups.setdefault(key, []).append(b)
                     else:
@@ -563,10 +568,10 @@ class PagedManager(KVManager):
 
     def _pop_free(self) -> int:
         """One block from the head of the free queue, its cached content evicted."""
-        b = self.free.popleft_n(1)[0]
-        if self.bhash[b] is not None:
+        (b,), (k,) = self.free.popleft_n(1)
+        if k is not None:
             self.num_hashed_free -= 1
-            self._evict(b)
+            self._evict(b, k)
         return b
 
     # ---------------------------------------------------------------- invariants
@@ -581,24 +586,36 @@ class PagedManager(KVManager):
         if counts != ref:
             bad = [b for b in range(self.num_gpu_blocks) if counts[b] != ref[b]][:5]
             raise InvariantError(f"vllm: ref_cnt disagrees with running block tables at blocks {bad}")
-        queue = self.free.order()
-        free_ids = set(queue)
+        queue = self.free.items()
+        free_ids = {b for b, _ in queue}
         if len(free_ids) != len(queue) or len(queue) != self.num_free:
             raise InvariantError("vllm: a block sits twice in the free queue")
         if any(c < 1 for c in self.free.stale.values()) or sum(self.free.stale.values()) != self.free.num_stale:
             raise InvariantError("vllm: the free queue's stale-copy counts drifted")
-        if self.version == "0.33" and any(self.bhash[b] is not None for b in self.free.head):
-            raise InvariantError("vllm: a hashed block sits in 0.33's unhashed head")
+        # the hash each block carries: free blocks carry theirs in the queue; a held block carries
+        # its holders' block hash at its position, which every holder must agree on
+        bhash = dict(queue)
+        for seq in self.running:
+            keys = self._keys(seq) if seq.num_cached_blocks else []
+            for i, b in enumerate(seq.blocks):
+                k = keys[i] if i < seq.num_cached_blocks else None
+                if bhash.setdefault(b, k) != k:
+                    raise InvariantError(f"vllm: block {b} carries two hashes in two requests")
         if 0 in free_ids or ref[0]:
             raise InvariantError("vllm: the null block entered circulation")
         in_use = {b for b in range(1, self.num_gpu_blocks) if ref[b] > 0}
         if in_use & free_ids or len(in_use) + len(free_ids) != self.usable_blocks:
             raise InvariantError("vllm: free queue and in-use blocks do not partition the pool")
-        if self.num_hashed_free != sum(1 for b in free_ids if self.bhash[b] is not None):
+        if self.num_hashed_free != sum(1 for _, k in queue if k is not None):
             raise InvariantError("vllm: hashed-free counter drifted")
         for k, b in self.cached.items():
-            if self.bhash[b] != k:
+            if bhash.get(b) != k:
                 raise InvariantError(f"vllm: hash map points at block {b} which holds another hash")
+        for k, bs in self.dups.items():
+            if not bs or k not in self.cached or any(bhash.get(b) != k for b in bs):
+                raise InvariantError(f"vllm: duplicate blocks for hash {k} disagree with the map")
+        if len(self.cached) + sum(map(len, self.dups.values())) != sum(1 for k in bhash.values() if k is not None):
+            raise InvariantError("vllm: a hashed block is missing from the hash map")
 
     def check_drained(self) -> None:
         self.check_invariants()
