@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from operator import attrgetter
 from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError
@@ -53,6 +54,7 @@ def _advance(runs, bi: int, boff: int, n: int) -> tuple[int, int]:
 SGLANG_VERSIONS = ("0.5.2", "0.5.23")
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.CLIP_MAX_NEW_TOKENS
+_out_len, _num_output = attrgetter("out_len"), attrgetter("num_output")
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # lpm falls back to fcfs above this many waiting
 RETRACT_DECODE_STEPS = 20  # global_config.retract_decode_steps
 NEW_TOKEN_RATIO_INIT = 0.7  # times schedule_conservativeness
@@ -352,7 +354,14 @@ class RadixManager(KVManager):
         return out
 
     def _reserved_by_running(self) -> float:
-        return sum(min(s.out_len - s.num_output, CLIP_MAX_NEW_TOKENS) for s in self.running) * self.new_token_ratio
+        """PrefillAdder's reservation: each running request's remaining new tokens, clipped to
+        CLIP_MAX_NEW_TOKENS, times the new-token ratio."""
+        running = self.running
+        if not running:
+            return 0 * self.new_token_ratio
+        if max(map(_out_len, running)) <= CLIP_MAX_NEW_TOKENS:  # nothing to clip: sums at C speed
+            return (sum(map(_out_len, running)) - sum(map(_num_output, running))) * self.new_token_ratio
+        return sum(min(s.out_len - s.num_output, CLIP_MAX_NEW_TOKENS) for s in running) * self.new_token_ratio
 
     def _prefill_round(self, now: float) -> list[tuple[Seq, int]] | None:
         if not self.running and self.chunked is None:
@@ -478,14 +487,32 @@ class RadixManager(KVManager):
             self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
         st.num_running = len(self.running)
         done = []
-        for seq in self.running:
-            grow = 1 if self.page_size == 1 else (self.page_size if seq.num_computed % self.page_size == 0 else 0)
-            if grow:
-                self._alloc(seq, grow)
-            st.decode_tokens += 1
-            st.context_tokens += seq.num_computed + 1
-            if self.advance(seq, 1, st):
-                done.append(seq)
+        if self.page_size == 1 and self.available() >= len(self.running):
+            # one token slot each, no eviction needed (_alloc and advance, per request, inlined)
+            self.private_tokens += len(self.running)
+            st.decode_tokens += len(self.running)
+            ctx = 0
+            first = st.first_token
+            for seq in self.running:
+                seq.private += 1
+                c = seq.num_computed = seq.num_computed + 1
+                ctx += c
+                if c >= seq.prompt_len + seq.num_output:  # caught up: sample a token
+                    seq.num_output += 1
+                    if seq.num_output == 1 and seq.first_token_s is None:
+                        first.append(seq)
+                    if seq.num_output >= seq.out_len:
+                        done.append(seq)
+            st.context_tokens += ctx
+        else:
+            for seq in self.running:
+                grow = 1 if self.page_size == 1 else (self.page_size if seq.num_computed % self.page_size == 0 else 0)
+                if grow:
+                    self._alloc(seq, grow)
+                st.decode_tokens += 1
+                st.context_tokens += seq.num_computed + 1
+                if self.advance(seq, 1, st):
+                    done.append(seq)
         if done:
             for seq in done:
                 self._cache_finished(seq)
