@@ -7,15 +7,15 @@ Shapes follow llama.cpp's src/llama-model.cpp create_tensor calls per architectu
 from __future__ import annotations
 
 import math
-
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from .spec import ModelSpec
 
 
-@dataclass(frozen=True)
-class TensorShape:
+class TensorShape(NamedTuple):
+    """One tensor the converter writes (an immutable record: a catalog sweep lays out ~20k)."""
+
     name: str
     shape: tuple[int, ...]  # GGUF ne[]: ne[0] is the row length
     layer: int | None = None  # block index, None for global tensors
