@@ -35,12 +35,20 @@ def test_bad_step_cost_is_reported():
 
 def test_from_perf_model_uses_the_performance_model():
     pm = pytest.importorskip("inferlab.perf_model", reason="inferlab.perf_model not available yet")
-    tm = TimeModel.from_perf_model("llama-3.1-8b", "rtx4090")
+    from inferlab.calibration import CALIBRATED
+
+    tm = TimeModel.from_perf_model("llama-3.1-8b", "rtx4090")  # calibrated speed, as `inferlab fit` reports
+    lesson = TimeModel.from_perf_model("llama-3.1-8b", "rtx4090", speed="lesson")
     model, machine = pm.MODELS["llama-3.1-8b"], pm.MACHINES["rtx4090"]
     p = pm.place(model, machine, "Q4_K_M", 8192, kv_type="f16")
-    assert tm.step_time(512, 0, 512) == pytest.approx(pm.prefill_time(p, machine, 512)["total_s"])
+    assert tm.step_time(512, 0, 512) == pytest.approx(pm.prefill_time(p, machine, 512, CALIBRATED())["total_s"])
+    assert lesson.step_time(512, 0, 512) == pytest.approx(pm.prefill_time(p, machine, 512)["total_s"])
     # one decode step of 4 sequences at a mean context of 1000 -> bucket 1024
-    assert tm.step_time(0, 4, 4000) == pytest.approx(pm.decode_step_time(p, machine, 1024, batch=4)["total_s"])
+    assert tm.step_time(0, 4, 4000) == pytest.approx(pm.decode_step_time(p, machine, 1024, batch=4, model=CALIBRATED())["total_s"])
+    assert lesson.step_time(0, 4, 4000) == pytest.approx(pm.decode_step_time(p, machine, 1024, batch=4)["total_s"])
+    assert tm.step_time(0, 4, 4000) != lesson.step_time(0, 4, 4000)
+    with pytest.raises(InvalidValueError, match="speed must be"):
+        TimeModel.from_perf_model("llama-3.1-8b", "rtx4090", speed="fast")
     run = simulate([Request(i, 0.01 * i, list(range(i, i + 300)), 20) for i in range(8)],
                    RadixManager(capacity_tokens=8192), time_model=tm)
     s = run.summary

@@ -130,6 +130,8 @@ def plot_timeline(runs, path) -> None:
 @click.option("--model", help="Model (catalog id): the KV pool and step times come from the performance model.")
 @click.option("--on", "machine", help="Machine (catalog id) for --model.")
 @click.option("--quant", default="Q4_K_M", show_default=True)
+@click.option("--speed", "speed_name", type=click.Choice(["calibrated", "lesson"]), default="calibrated", show_default=True,
+              help="Speed model pricing the steps: fitted on llama-bench results, or the seed lesson's.")
 @click.option("--timed/--untimed", default=None,
               help="Price steps with the performance model (default: on with --model/--on).")
 @click.option("--np", "n_parallel", type=int, help="llama.cpp: slots (-np; default auto = 4, unified KV).")
@@ -146,7 +148,7 @@ def plot_timeline(runs, path) -> None:
 @click.option("--sglang-version", type=click.Choice(["0.5.23", "0.5.2"]))
 @click.option("--json", "as_json", is_flag=True, help="Summaries (and configs) as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a timeline PNG here.")
-def simulate(workload, trace, limit, arrivals, rate, seed, engines, capacity_tokens, model, machine, quant, timed,
+def simulate(workload, trace, limit, arrivals, rate, seed, engines, capacity_tokens, model, machine, quant, speed_name, timed,
              n_parallel, kv_unified, cache_ram_mib, llamacpp_version, block_size, max_num_batched_tokens,
              max_num_seqs, vllm_version, page_size, schedule_policy, chunked_prefill_size, sglang_version,
              as_json, plot):
@@ -176,7 +178,7 @@ def simulate(workload, trace, limit, arrivals, rate, seed, engines, capacity_tok
     managers = _managers(names, capacity_tokens, model, machine, quant, opts)
     time_model = None
     if (timed is None and model) or timed:
-        time_model = TimeModel.from_perf_model(model, machine, quant)
+        time_model = TimeModel.from_perf_model(model, machine, quant, speed=speed_name)
     runs = {}
     for name, m in managers.items():
         progress = None

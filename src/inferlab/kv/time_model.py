@@ -54,10 +54,12 @@ class TimeModel:
 
     @classmethod
     def from_perf_model(cls, model: Any, machine: Any, quant: str = "Q4_K_M", *, kv_type: str = "f16",
-                        n_ctx: int = 8192, n_gpu_layers: int | None = None) -> TimeModel:
+                        n_ctx: int = 8192, n_gpu_layers: int | None = None, speed: Any = "calibrated") -> TimeModel:
         """Step costs from ``inferlab.perf_model``: prefill_time + decode_step_time (batched).
 
         ``model``/``machine`` are catalog names (``"llama-3.1-8b"``, ``"rtx4090"``) or objects.
+        ``speed``: ``"calibrated"`` (fitted on published llama-bench results, as ``inferlab fit``
+        reports), ``"lesson"`` (the seed's η = 0.7 model) or a ``SpeedModel``.
         A mixed step is priced as its prefill plus one decode step at the decode sequences' mean
         context (``context_tokens / sequences``), which counts the weight read twice; costs are
         memoised per 256-token context bucket.
@@ -68,16 +70,27 @@ class TimeModel:
             raise MissingDependencyError("inferlab.perf_model", "a time model from the performance model") from exc
         from .pool import resolve_model_machine
 
+        from ..speed import LESSON, SpeedModel
+
+        if isinstance(speed, str) and speed in ("calibrated", "lesson"):
+            if speed == "calibrated":
+                from ..calibration import CALIBRATED
+
+                speed = CALIBRATED()
+            else:
+                speed = LESSON
+        elif not isinstance(speed, SpeedModel):
+            raise InvalidValueError(f"speed must be 'calibrated', 'lesson' or a SpeedModel, got {speed!r}")
         model, machine = resolve_model_machine(model, machine)
         placement = pm.place(model, machine, quant, n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers)
 
         @lru_cache(maxsize=65536)
         def prefill_s(p: int) -> float:
-            return pm.prefill_time(placement, machine, p)["total_s"]
+            return pm.prefill_time(placement, machine, p, speed)["total_s"]
 
         @lru_cache(maxsize=65536)
         def decode_s(b: int, ctx_bucket: int) -> float:
-            return pm.decode_step_time(placement, machine, ctx_bucket, batch=b)["total_s"]
+            return pm.decode_step_time(placement, machine, ctx_bucket, batch=b, model=speed)["total_s"]
 
         def cost(p: int, b: int, c: int) -> float:
             s = prefill_s(p) if p else 0.0
@@ -87,4 +100,4 @@ class TimeModel:
                 s += decode_s(b, bucket)
             return s
 
-        return cls(cost, name=f"perf_model:{getattr(model, 'name', model)}@{getattr(machine, 'name', machine)}")
+        return cls(cost, name=f"perf_model:{getattr(model, 'name', model)}@{getattr(machine, 'name', machine)} ({speed.name})")
