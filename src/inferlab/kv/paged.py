@@ -419,25 +419,64 @@ class PagedManager(KVManager):
         seq.bkeys = None  # block keys are recomputed if ever needed; long traces keep memory flat
         st.finished.append(seq)
 
+    def _forward(self, seq: Seq, num_new: int, first: list[Seq], finished: list[Seq]) -> bool:
+        """The forward pass over ``num_new`` scheduled tokens of ``seq`` (KVManager.advance, plus
+        the max_model_len stop); True when it was a decode token."""
+        c = seq.num_computed + num_new
+        seq.num_computed = c
+        decode = num_new == 1 and seq.num_output > 0 and c > seq.prompt_len
+        done = False
+        if c >= seq.prompt_len + seq.num_output:  # caught up: sample a token
+            seq.num_output += 1
+            if seq.num_output == 1 and seq.first_token_s is None:
+                first.append(seq)
+            done = seq.num_output >= seq.out_len
+        mml = self.max_model_len
+        if not done and mml is not None and c >= mml and c >= seq.num_tokens - 1:
+            seq.truncated = done = True
+        if done:
+            finished.append(seq)
+        return decode
+
     def step(self, now: float) -> StepStats:
+        # Each request's forward pass is applied as soon as it is scheduled: nothing the
+        # scheduler reads later in the step (the budget, blocks, the hash map, the running
+        # count) depends on it, preemption only takes requests not scheduled yet (the running
+        # list's tail), and finished requests still leave after the step, in scheduling order.
         st = StepStats()
         budget = self.max_num_batched_tokens
-        scheduled: list[tuple[Seq, int]] = []
         preempted = False
         running = self.running
         bs, mml = self.block_size, self.max_model_len
+        first = st.first_token
+        finished: list[Seq] = []
+        dec = pre = ctx = 0
         i = 0
         while i < len(running) and budget > 0:  # running requests first
             seq = running[i]
             c = seq.num_computed
-            if mml is None and seq.prompt_len + seq.num_output - c == 1 and c % bs and (c + 1) % bs:
-                scheduled.append((seq, 1))  # a decode inside its last block: no block work
+            o = seq.num_output
+            if mml is None and seq.prompt_len + o - c == 1 and c % bs and (c + 1) % bs:
+                # a decode inside its last block: no block work; its forward pass (_forward) samples
+                c += 1
+                seq.num_computed = c
+                ctx += c
+                if o:
+                    dec += 1
+                else:  # the last prompt token
+                    pre += 1
+                o += 1
+                seq.num_output = o
+                if o == 1 and seq.first_token_s is None:
+                    first.append(seq)
+                if o >= seq.out_len:
+                    finished.append(seq)
                 budget -= 1
                 i += 1
                 continue
-            num_new = min(seq.num_tokens - seq.num_computed, budget)
-            if self.max_model_len is not None:
-                num_new = min(num_new, self.max_model_len - seq.num_computed)
+            num_new = min(seq.num_tokens - c, budget)
+            if mml is not None:
+                num_new = min(num_new, mml - c)
             if num_new <= 0:
                 i += 1
                 continue
@@ -448,7 +487,11 @@ class PagedManager(KVManager):
                 if victim is seq:
                     break
             else:
-                scheduled.append((seq, num_new))
+                if self._forward(seq, num_new, first, finished):
+                    dec += 1
+                else:
+                    pre += num_new
+                ctx += seq.num_computed
                 budget -= num_new
                 i += 1
         waiting = self.waiting
@@ -472,30 +515,13 @@ class PagedManager(KVManager):
                     self.preempted_queries += seq.num_tokens
                     self.preempted_hits += hit_tokens
             seq.note_first_admission(hit_tokens, now)
-            scheduled.append((seq, num_new))
-            budget -= num_new
-        st.num_running = len(running)
-        finished = []
-        first = st.first_token
-        dec = pre = ctx = 0
-        for seq, num_new in scheduled:  # the forward pass (KVManager.advance, inlined)
-            c = seq.num_computed + num_new
-            seq.num_computed = c
-            ctx += c
-            if num_new == 1 and seq.num_output and c > seq.prompt_len:
+            if self._forward(seq, num_new, first, finished):
                 dec += 1
             else:
                 pre += num_new
-            done = False
-            if c >= seq.prompt_len + seq.num_output:  # caught up: sample a token
-                seq.num_output += 1
-                if seq.num_output == 1 and seq.first_token_s is None:
-                    first.append(seq)
-                done = seq.num_output >= seq.out_len
-            if not done and mml is not None and c >= mml and c >= seq.num_tokens - 1:
-                seq.truncated = done = True
-            if done:
-                finished.append(seq)
+            ctx += seq.num_computed
+            budget -= num_new
+        st.num_running = len(running)
         st.decode_tokens, st.prefill_tokens, st.context_tokens = dec, pre, ctx
         if finished:
             gone = set(map(id, finished))
