@@ -48,8 +48,9 @@ def _load(model_path: str, device: str, dtype: str, n_ctx: int | None):
 
 
 _device_opt = click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-_dtype_opt = click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int8"]), default="float32",
-                          show_default=True, help="How weights are held in memory (int8: weight-only, per-row scales).")
+_dtype_opt = click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int8", "int4"]), default="float32",
+                          show_default=True, help="How weights are held in memory (int8: weight-only, per-row scales; "
+                          "int4: groups of 32 as Q4_1, bf16 activations in the matmuls, CPU only).")
 
 
 @click.command("run")

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from ..errors import InvalidValueError, UnknownNameError
 from .gguf_weights import LlamaConfig, load_state, open_gguf, read_config
 from .kv_cache import CacheSpec, KVCache, make_cache
+from .linear import WEIGHT_DTYPES, make_linear
 
-WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8")
+__all__ = ["WEIGHT_DTYPES", "LlamaModel", "load_gguf"]
+
 
 
 @dataclass
@@ -28,36 +30,6 @@ class _Layer:
     ffn_norm: object
     w_gate_up: object  # (2 * ffn_dim, d_model)
     w_down: object
-
-
-class Int8Linear:
-    """Weight-only int8: per-output-row absmax scales, torch's CPU int8 x fp32 matmul kernel
-    (aten._weight_int8pack_mm). Reads a quarter of the fp32 bytes."""
-
-    def __init__(self, weight):
-        import torch
-
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        self.q = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale.float().contiguous()
-        self.shape = tuple(weight.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.q.nbytes + self.scale.nbytes
-
-    def __call__(self, x):
-        import torch
-
-        flat = x.reshape(-1, x.shape[-1]).float()
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale)
-        return out.reshape(*x.shape[:-1], self.shape[0])
-
-
-def _linear(x, w_t):
-    # weights are kept transposed, (in, out): on CPUs x @ W^T with W^T contiguous streams the
-    # matrix at full memory bandwidth, while F.linear's (out, in) layout reaches about half
-    return w_t(x) if isinstance(w_t, Int8Linear) else x @ w_t
 
 
 def _nbytes(w) -> int:
@@ -74,7 +46,7 @@ class LlamaModel:
             raise UnknownNameError("weight dtype", dtype, WEIGHT_DTYPES)
         self.config, self.path, self.weight_dtype_name = config, path, dtype
         self.device = torch.device(device)
-        self.dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)  # activation dtype
+        self.dtype = torch.float32 if dtype in ("int8", "int4") else getattr(torch, dtype)  # activation dtype
         self.n_ctx = n_ctx or config.n_ctx_train
         if self.n_ctx > config.n_ctx_train:
             raise InvalidValueError(
@@ -82,20 +54,19 @@ class LlamaModel:
             )
         dev, act = self.device, self.dtype
 
-        def matrix(w):  # (out, in) from the file -> what _linear multiplies by
-            return Int8Linear(w.to(dev, torch.float32)) if dtype == "int8" else w.to(device=dev, dtype=act).T.contiguous()
+        def matrix(w):  # (out, in) from the file -> its held form (linear.py)
+            return make_linear(w, dtype, dev)
 
         def weight(name):
             return matrix(state[name])
 
         self.output_norm = state["output_norm.weight"].to(dev, torch.float32)
-        self.lm_head = matrix(state["token_embd.weight" if config.tied_embeddings else "output.weight"])
-        if config.tied_embeddings and dtype != "int8":
-            self.tok_embd = self.lm_head.T  # a view of the transposed head: one copy in memory
-        elif config.tied_embeddings:
-            self.tok_embd = None  # rows are dequantized from the int8 head on lookup
-        else:
-            self.tok_embd = state["token_embd.weight"].to(device=dev, dtype=act)
+        # int4 keeps the head dense fp32, as llama.cpp files keep it at 6-8 bits (SmolLM2's Q4_1 file: Q8_0);
+        # rounding it to 4 bits changes the greedy tokens
+        head = state["token_embd.weight" if config.tied_embeddings else "output.weight"]
+        self.lm_head = make_linear(head, "float32", dev) if dtype == "int4" else matrix(head)
+        # a tied embedding looks its rows up in the head: one copy in memory, whatever its dtype
+        self.tok_embd = None if config.tied_embeddings else state["token_embd.weight"].to(device=dev, dtype=self.dtype)
         self.layers: list[_Layer] = []
         for i in range(config.n_layers):
             p = f"blk.{i}."
@@ -115,8 +86,8 @@ class LlamaModel:
                     w_down=weight(p + "ffn_down.weight"),
                 )
             )
-        self._embedding_is_head = config.tied_embeddings and dtype != "int8"
         self._rope_cos, self._rope_sin = self._rope_table(self.n_ctx)
+        self._rope_cis = torch.complex(self._rope_cos, self._rope_sin)  # e^(i*angle), (positions, head_dim/2)
 
     # ── construction ──────────────────────────────────────────────────────────────────────────
     @classmethod
@@ -143,17 +114,19 @@ class LlamaModel:
     @property
     def weight_bytes(self) -> int:
         """Bytes of every weight tensor as held in memory (a tied LM head counted once)."""
-        total = _nbytes(self.lm_head) + self.output_norm.nbytes
-        if self.tok_embd is not None and not self._embedding_is_head:
-            total += self.tok_embd.nbytes
+        total = _nbytes(self.lm_head) + self.output_norm.nbytes + _nbytes(self.tok_embd)
         for layer in self.layers:
             total += sum(_nbytes(w) for w in (layer.attn_norm, layer.wqkv, layer.bqkv, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down))
         return total
 
     @property
     def decode_weight_bytes(self) -> int:
-        """Weight bytes one decode step streams: all matrices and norms, plus one embedding row."""
-        row = self.config.d_model * (self.tok_embd.element_size() if self.tok_embd is not None else 1)
+        """Weight bytes one decode step streams, in the dtype held: all matrices (with their
+        scales) and norms, plus one embedding row."""
+        if self.tok_embd is not None:
+            row = self.tok_embd[0].nbytes
+        else:  # a row of the tied head: its share of the head's bytes
+            row = -(-self.lm_head.nbytes // self.config.vocab_size)
         layers = sum(
             _nbytes(w) for l in self.layers for w in (l.attn_norm, l.wqkv, l.bqkv, l.wo, l.ffn_norm, l.w_gate_up, l.w_down)
         )
@@ -170,9 +143,26 @@ class LlamaModel:
     def _rms_norm(self, x, weight):
         import torch
 
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.rms_eps)
-        return (xf * weight).to(self.dtype)
+        if self.dtype == torch.float32:  # one aten call, no dtype round trip
+            return torch.rms_norm(x, weight.shape, weight, self.config.rms_eps)
+        return torch.rms_norm(x.float(), weight.shape, weight, self.config.rms_eps).to(self.dtype)
+
+    def _rope_qk(self, qkv, start: int, b: int, t: int):
+        """Rotated queries and keys, (batch, heads, T, head_dim), from the fused QKV output.
+        Adjacent-pair RoPE in fp32 rotates q and k together as complex numbers times e^(i*angle)."""
+        import torch
+
+        c = self.config
+        hd, q_dim, kv_dim = c.head_dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        if c.rope_style == "norm" and self.dtype == torch.float32:
+            qk = torch.view_as_complex(qkv[..., : q_dim + kv_dim].unflatten(-1, (c.n_heads + c.n_kv_heads, hd // 2, 2)))
+            rotated = torch.view_as_real(qk * self._rope_cis[start : start + t, None]).flatten(-2)  # (b, t, heads, hd)
+            return rotated[:, :, : c.n_heads].transpose(1, 2), rotated[:, :, c.n_heads :].transpose(1, 2)
+        cos = self._rope_cos[start : start + t].to(self.dtype)
+        sin = self._rope_sin[start : start + t].to(self.dtype)
+        q = qkv[..., :q_dim].view(b, t, c.n_heads, hd).transpose(1, 2)
+        k = qkv[..., q_dim : q_dim + kv_dim].view(b, t, c.n_kv_heads, hd).transpose(1, 2)
+        return self._rope(q, cos, sin), self._rope(k, cos, sin)
 
     def _rope(self, x, cos, sin):
         """Rotate (batch, heads, T, head_dim) by the positions' angles (cos, sin: (T, head_dim/2))."""
@@ -201,8 +191,6 @@ class LlamaModel:
             )
         if cache is not None:
             cache.reserve(t)
-        cos = self._rope_cos[start : start + t].to(self.dtype)
-        sin = self._rope_sin[start : start + t].to(self.dtype)
         q_dim, kv_dim, hd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.head_dim
         window = getattr(cache, "window", None)
         mask_cache: dict = {}
@@ -210,13 +198,11 @@ class LlamaModel:
         x = self._embed(tokens)
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
-            qkv = _linear(h, layer.wqkv)
+            qkv = layer.wqkv(h)
             if layer.bqkv is not None:
                 qkv = qkv + layer.bqkv
-            q = qkv[..., :q_dim].view(b, t, c.n_heads, hd).transpose(1, 2)
-            k = qkv[..., q_dim : q_dim + kv_dim].view(b, t, c.n_kv_heads, hd).transpose(1, 2)
+            q, k = self._rope_qk(qkv, start, b, t)
             v = qkv[..., q_dim + kv_dim :].view(b, t, c.n_kv_heads, hd).transpose(1, 2)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             key_pos = None
             if cache is not None:
                 k, v, key_pos = cache.update(i, k, v)
@@ -225,19 +211,19 @@ class LlamaModel:
             else:
                 mask = self._mask(t, start, k.shape[2], key_pos, window, mask_cache)
                 attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=c.n_kv_heads != c.n_heads)
-            x = x + _linear(attn.transpose(1, 2).reshape(b, t, q_dim), layer.wo)
+            x = x + layer.wo(attn.transpose(1, 2).reshape(b, t, q_dim))
             h = self._rms_norm(x, layer.ffn_norm)
-            gate, up = _linear(h, layer.w_gate_up).split(c.ffn_dim, dim=-1)
-            x = x + _linear(F.silu(gate) * up, layer.w_down)
+            gate, up = layer.w_gate_up(h).split(c.ffn_dim, dim=-1)
+            x = x + layer.w_down(F.silu(gate) * up)
         if cache is not None:
             cache.advance(t)
         if not all_logits:
             x = x[:, -1:]
-        return _linear(self._rms_norm(x, self.output_norm), self.lm_head).float()
+        return self.lm_head(self._rms_norm(x, self.output_norm)).float()
 
     def _embed(self, tokens):
-        if self.tok_embd is None:  # int8 tied head: dequantize just the rows looked up
-            return self.lm_head.q[tokens].float() * self.lm_head.scale[tokens][..., None]
+        if self.tok_embd is None:  # tied: rows of the head, dequantized if it is int8/int4
+            return self.lm_head.rows(tokens).to(self.dtype)
         return self.tok_embd[tokens]
 
     def _decode_attention(self, q, k, v):

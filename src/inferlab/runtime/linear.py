@@ -1,0 +1,198 @@
+"""Weight matrices as the runtime holds them, and the matmul each one uses at decode (one row per
+sequence) and at prefill (many rows).
+
+A decode step is a chain of matrix-vector products, so its speed is how fast the weights stream
+from memory. On CPUs torch runs a one-row `x @ W` on one core; `DenseLinear` splits the inner
+dimension K into `splits` slices held as one (splits, K/splits, N) tensor, so a batched matmul
+puts one slice on each core, and adds the partial products. The same memory, viewed as (K, N),
+serves prefill's ordinary matmul: one copy of every weight.
+
+Kinds (`WEIGHT_DTYPES`): float32, bfloat16, float16 (dense), int8 (per-row absmax scales, torch's
+aten._weight_int8pack_mm), int4 (groups of 32 with a bf16 scale and zero, as GGUF's Q4_1 stores
+them; torch's aten._weight_int4pack_mm_for_cpu, which is fast only with bf16 activations, so
+matmul inputs are rounded to bf16).
+"""
+
+from __future__ import annotations
+
+from ..errors import NotSupportedError, UnknownNameError
+
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
+INT4_GROUP = 32  # weights per scale/zero pair, as in GGUF's Q4_0/Q4_1 blocks
+SPLIT_MAX_ROWS = 8  # inputs with more rows (prefill) use one plain matmul
+
+
+def default_splits(device) -> int:
+    """Slices of K for a one-row matmul: one per CPU thread (at most 8); 1 on a GPU."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cpu":
+        return 1
+    return max(1, min(torch.get_num_threads(), 8))
+
+
+class DenseLinear:
+    """A float matrix. fp32 on a CPU with splits > 1: W^T stored K-split, (splits, K/splits, N);
+    otherwise W as in the file, (N, K), for F.linear (torch's bf16/fp16 CPU kernels want that
+    layout: x @ W^T with W^T contiguous takes a path 10x slower in bf16)."""
+
+    def __init__(self, weight, dtype, *, splits: int = 1):
+        n, k = weight.shape
+        while splits > 1 and k % splits:
+            splits -= 1
+        self.splits = splits
+        self.shape = (n, k)  # (out, in), as in the file
+        if splits > 1:
+            self.w = weight.to(dtype).T.contiguous().view(splits, k // splits, n)
+        else:
+            self.w = weight.to(dtype).contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.nbytes
+
+    def rows(self, ids):
+        """Rows ids of the (out, in) matrix (a tied embedding looks its tokens up here)."""
+        if self.splits == 1:
+            return self.w[ids]
+        return self.w.view(self.shape[1], self.shape[0])[:, ids].movedim(0, -1)
+
+    def __call__(self, x):
+        import torch
+        import torch.nn.functional as F
+
+        if self.splits == 1:
+            return F.linear(x, self.w)
+        n, k = self.shape
+        rows = x.numel() // k
+        if rows > SPLIT_MAX_ROWS:
+            return x @ self.w.view(k, n)
+        # (rows, K) -> (splits, rows, K/splits): each slice times its part of W^T, summed
+        if rows == 1:
+            xs = x.reshape(self.splits, 1, k // self.splits)
+        else:
+            xs = x.reshape(rows, self.splits, k // self.splits).transpose(0, 1)
+        return torch.bmm(xs, self.w).sum(0).view(*x.shape[:-1], n)
+
+
+class Int8Linear:
+    """Weight-only int8: per-output-row absmax scales, torch's CPU int8 x fp32 matmul kernel
+    (aten._weight_int8pack_mm). Reads a quarter of the fp32 bytes."""
+
+    def __init__(self, weight):
+        import torch
+
+        weight = weight.float()
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        self.q = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+        self.scale = scale.contiguous()
+        self.shape = tuple(weight.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.scale.nbytes
+
+    def rows(self, ids):
+        return self.q[ids].float() * self.scale[ids][..., None]
+
+    def __call__(self, x):
+        import torch
+
+        flat = x.reshape(-1, x.shape[-1]).float()
+        out = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale)
+        return out.view(*x.shape[:-1], self.shape[0])
+
+
+def _int4_block_n() -> int:
+    """Rows per tile of torch's CPU int4 packing: byte k*16 + j of a tile holds row j (low
+    nibble) and row j + 16... of column k. Found by packing a probe and checking which layout
+    gives it back; raises if torch packs some other way."""
+    import torch
+
+    probe = torch.randint(0, 16, (128, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    for block_n in (32, 64):
+        if torch.equal(_unpack_int4(packed, 128, 64, block_n), probe):
+            return block_n
+    raise NotSupportedError("torch packs int4 weights in a layout the runtime does not know; use --dtype float32")
+
+
+def _unpack_int4(packed, n: int, k: int, block_n: int, rows=None):
+    """int32 (n or len(rows), k) values of torch's CPU int4 packing. A tile of block_n rows is
+    k * block_n/2 bytes; byte (col, j) holds row j in its low nibble and row j + block_n/2 in its
+    high nibble."""
+    import torch
+
+    tiles = packed.reshape(n // block_n, k, block_n // 2)
+    if rows is None:
+        both = torch.cat([tiles & 15, tiles >> 4], dim=-1)  # (tiles, k, block_n)
+        return both.transpose(1, 2).reshape(n, k).int()
+    half = block_n // 2
+    tile, j = rows // block_n, rows % block_n
+    byte = tiles[tile, :, j % half]  # (len(rows), k)
+    return torch.where((j >= half)[:, None], byte >> 4, byte & 15).int()
+
+
+class Int4Linear:
+    """Weight-only int4, groups of INT4_GROUP weights along K with a scale and a zero each:
+    w = (q - 8) * scale + zero, q in 0..15 (asymmetric min/max, as Q4_1). torch packs q for its
+    CPU kernel (aten._weight_int4pack_mm_for_cpu); scale and zero are bf16 because that kernel
+    is fast only with bf16 activations (fp32 ones take a scalar path 10x slower)."""
+
+    _block_n: int | None = None
+
+    def __init__(self, weight):
+        import torch
+
+        n, k = weight.shape
+        if k % INT4_GROUP or n % 64:
+            raise NotSupportedError(f"int4 weights need rows in multiples of 64 and columns in multiples of {INT4_GROUP}, "
+                                    f"got a {n}x{k} matrix; use --dtype float32")
+        if Int4Linear._block_n is None:
+            Int4Linear._block_n = _int4_block_n()
+        groups = weight.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
+        lo, hi = groups.amin(-1), groups.amax(-1)
+        scale = ((hi - lo) / 15).clamp(min=1e-12)  # step between the 16 levels of a group
+        q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+        zero = lo + 8 * scale  # the value of q = 8
+        self.shape = (n, k)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        self.scale_zero = torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous()  # (k/32, n, 2)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scale_zero.nbytes
+
+    def rows(self, ids):
+        """Dequantized rows (a tied embedding's lookups), read from the packed copy."""
+        import torch
+
+        flat = ids.reshape(-1)
+        q = _unpack_int4(self.packed, *self.shape, self._block_n, rows=flat).float()
+        sz = self.scale_zero[:, flat].float().repeat_interleave(INT4_GROUP, dim=0)  # (k, rows, 2)
+        w = (q - 8) * sz[..., 0].T + sz[..., 1].T
+        return w.view(*ids.shape, self.shape[1]).to(torch.float32)
+
+    def __call__(self, x):
+        import torch
+
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, INT4_GROUP, self.scale_zero)
+        return out.view(*x.shape[:-1], self.shape[0]).float()
+
+
+def make_linear(weight, dtype: str, device):
+    """The held form of one (out, in) weight matrix for a weight dtype name."""
+    import torch
+
+    if dtype not in WEIGHT_DTYPES:
+        raise UnknownNameError("weight dtype", dtype, WEIGHT_DTYPES)
+    if dtype in ("int8", "int4") and getattr(device, "type", str(device)) != "cpu":
+        raise NotSupportedError(f"{dtype} weights use torch's CPU kernels; on {device} use float32, bfloat16 or float16")
+    weight = weight.to(device)
+    if dtype == "int8":
+        return Int8Linear(weight)
+    if dtype == "int4":
+        return Int4Linear(weight)
+    splits = default_splits(device) if dtype == "float32" else 1
+    return DenseLinear(weight, getattr(torch, dtype), splits=splits)

@@ -1,0 +1,93 @@
+"""The held weight matrices (runtime/linear.py) against plain fp32 matmuls of the matrices they
+stand for: the K-split fp32 matmul, int8 and int4 weight-only kernels, and the embedding rows a
+tied head hands back (one copy in memory)."""
+
+import pytest
+import torch
+
+from inferlab.errors import NotSupportedError, UnknownNameError
+from inferlab.runtime.linear import INT4_GROUP, DenseLinear, Int4Linear, Int8Linear, _unpack_int4, make_linear
+from inferlab.runtime.llama import LlamaModel
+
+from .conftest import write_tiny_gguf
+
+
+@pytest.fixture
+def weight():
+    return torch.randn(192, 96, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_dense_k_split_equals_plain_matmul(weight, splits, rows):
+    lin = DenseLinear(weight, torch.float32, splits=splits)
+    x = torch.randn(1, rows, weight.shape[1], generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(lin(x), x @ weight.T, rtol=1e-5, atol=1e-5)
+    assert lin(x).shape == (1, rows, weight.shape[0])
+    assert lin.nbytes == weight.nbytes  # one copy, however it is split
+
+
+def test_dense_split_falls_back_to_a_divisor_of_k():
+    w = torch.randn(8, 10)
+    assert DenseLinear(w, torch.float32, splits=4).splits == 2  # 10 is not divisible by 4 or 3
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_dense_rows_are_the_weight_rows(weight, splits):
+    ids = torch.tensor([[0, 5], [191, 7]])
+    lin = DenseLinear(weight, torch.float32, splits=splits)
+    torch.testing.assert_close(lin.rows(ids), weight[ids], rtol=0, atol=0)
+
+
+def test_int8_rows_and_matmul_match_its_dequantized_matrix(weight):
+    lin = Int8Linear(weight)
+    deq = lin.q.float() * lin.scale[:, None]
+    assert (deq - weight).abs().max() <= lin.scale.max() / 2 + 1e-6  # half a step of rounding
+    torch.testing.assert_close(lin.rows(torch.tensor([3, 4])), deq[[3, 4]])
+    x = torch.randn(2, weight.shape[1])
+    torch.testing.assert_close(lin(x), x @ deq.T, rtol=1e-4, atol=1e-4)
+
+
+def test_int4_unpacks_torch_packing_and_rows_are_exact_for_4bit_weights():
+    """Weights already on a 16-level grid per group of 32 (what a Q4_1 file holds) come back
+    from the packed int4 copy up to the bf16 rounding of each group's scale and zero."""
+    g = torch.Generator().manual_seed(2)
+    n, k = 128, 64
+    q = torch.randint(0, 16, (n, k), generator=g)
+    q[:, ::INT4_GROUP] = 0
+    q[:, 1::INT4_GROUP] = 15  # every group spans all 16 levels, so min/max recover its scale
+    scale = torch.rand(n, k // INT4_GROUP, generator=g).bfloat16().float() * 0.1 + 0.01
+    low = (torch.randn(n, k // INT4_GROUP, generator=g) * 0.1).bfloat16().float()
+    w = (q.float().view(n, -1, INT4_GROUP) * scale[..., None] + low[..., None]).view(n, k)
+    lin = Int4Linear(w)
+    assert torch.equal(_unpack_int4(lin.packed, n, k, lin._block_n), q.int())
+    ids = torch.tensor([0, 17, 31, 32, 100, 127])
+    err = (lin.rows(ids) - w[ids]).abs().max()
+    assert err < 0.01 * w.abs().max()  # bf16 scale/zero: ~3 significant digits
+    assert lin.nbytes == n * k // 2 + (k // INT4_GROUP) * n * 2 * 2  # 4 bits a weight + bf16 scale and zero per group
+    x = torch.randn(3, k, generator=g)
+    ref = x @ lin.rows(torch.arange(n)).T
+    assert ((lin(x) - ref).norm() / ref.norm()) < 0.01  # bf16 activations
+
+
+def test_int4_rejects_shapes_its_kernel_cannot_take():
+    with pytest.raises(NotSupportedError, match=r"multiples of 64.*100x64"):
+        Int4Linear(torch.randn(100, 64))
+
+
+def test_unknown_weight_dtype_is_named():
+    with pytest.raises(UnknownNameError, match="int3"):
+        make_linear(torch.randn(4, 4), "int3", "cpu")
+
+
+def test_int4_model_close_to_fp32_and_smaller(tmp_path):
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, d_model=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=128, qtype="Q4_1")
+    fp32, int4 = LlamaModel.from_gguf(path), LlamaModel.from_gguf(path, dtype="int4")
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.inference_mode():
+        a, b = fp32.step(tokens, None, all_logits=True), int4.step(tokens, None, all_logits=True)
+    layers = lambda m: sum(w.nbytes for l in m.layers for w in (l.wqkv, l.wo, l.w_gate_up, l.w_down))  # noqa: E731
+    assert layers(int4) < 0.2 * layers(fp32)
+    assert int4.lm_head.nbytes == fp32.lm_head.nbytes  # the head stays fp32
+    assert 0 < (a - b).abs().max() < 0.05 * a.abs().max()
