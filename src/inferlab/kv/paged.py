@@ -292,10 +292,13 @@ class PagedManager(KVManager):
                   dry_run: bool = False) -> bool:
         """``allocate_slots``: reserve blocks for ``num_new`` more tokens; register full blocks."""
         bs = self.block_size
-        if num_new == 1 and not hits and not admitting:  # a decode step inside a block: nothing to do
+        if num_new == 1 and not hits and not admitting:  # a decode step
             c = seq.num_computed
             if c % bs and (c + 1) % bs and (self.max_model_len is None or c < self.max_model_len):
-                return True
+                return True  # inside a block: nothing to do
+            if self.max_model_len is None and -(-(c + 1) // bs) - len(seq.blocks) <= 1 and (
+                    not self.enable_prefix_caching or (c + 1) // bs - seq.num_cached_blocks <= 1):
+                return self._decode_block(seq)
         total = seq.num_computed + len(hits) * bs + num_new
         if self.max_model_len is not None:
             total = min(total, self.max_model_len)
@@ -322,7 +325,8 @@ class PagedManager(KVManager):
             seq.num_cached_blocks = len(blocks)  # hit blocks are cached already
         if need:
             new, old = self.free.popleft_n(need)
-            ks = [k for k in old if k is not None]
+            unhashed = old.count(None)
+            ks = old if not unhashed else [k for k in old if k is not None] if unhashed < need else []
             if ks:  # lazy eviction of the cached content those blocks held
                 self.num_hashed_free -= len(ks)
                 if self.dups and not self.dups.keys().isdisjoint(ks):
@@ -350,6 +354,29 @@ class PagedManager(KVManager):
                         else:
                             cached[k] = b
                 seq.num_cached_blocks = nfull
+        return True
+
+    def _decode_block(self, seq: Seq) -> bool:
+        """``allocate_slots`` for one decode token at a block boundary (what _allocate does, one
+        block at a time): a token that starts a block takes one from the free queue, a token
+        that fills one registers its hash."""
+        c = seq.num_computed
+        blocks = seq.blocks
+        if -(-(c + 1) // self.block_size) > len(blocks):
+            if not self.free:
+                return False
+            b = self._pop_free()
+            self.ref[b] = 1
+            blocks.append(b)
+        if self.enable_prefix_caching:
+            j = seq.num_cached_blocks
+            if (c + 1) // self.block_size > j:  # (the decode token is never past num_tokens)
+                k = self._keys(seq)[j]
+                if k in self.cached:
+                    self.dups.setdefault(k, []).append(blocks[j])
+                else:
+                    self.cached[k] = blocks[j]
+                seq.num_cached_blocks = j + 1
         return True
 
     def _free_seq(self, seq: Seq) -> None:
