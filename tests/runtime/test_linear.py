@@ -41,11 +41,13 @@ def test_dense_rows_are_the_weight_rows(weight, splits):
 
 def test_int8_rows_and_matmul_match_its_dequantized_matrix(weight):
     lin = Int8Linear(weight)
-    deq = lin.q.float() * lin.scale[:, None]
-    assert (deq - weight).abs().max() <= lin.scale.max() / 2 + 1e-6  # half a step of rounding
+    deq = lin.q.float() * lin.scale.float()[:, None]
+    step = weight.abs().amax(1) / 127
+    assert ((deq - weight).abs() <= step[:, None] * 0.51 + weight.abs() * 2**-8).all()  # rounding + bf16 scale
     torch.testing.assert_close(lin.rows(torch.tensor([3, 4])), deq[[3, 4]])
     x = torch.randn(2, weight.shape[1])
-    torch.testing.assert_close(lin(x), x @ deq.T, rtol=1e-4, atol=1e-4)
+    ref = x @ deq.T
+    assert ((lin(x) - ref).norm() / ref.norm()) < 0.01  # bf16 activations
 
 
 def test_int4_unpacks_torch_packing_and_rows_are_exact_for_4bit_weights():

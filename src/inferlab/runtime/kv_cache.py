@@ -108,12 +108,13 @@ class ContiguousKVCache(KVCache):
         shape = (self.n_layers, self.batch, self.n_kv_heads, self.capacity, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views
 
     def update(self, layer, k, v):
-        end = self.seq_len + k.shape[2]
-        self.k[layer, :, :, self.seq_len : end] = k
-        self.v[layer, :, :, self.seq_len : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end], None
+        t, kl, vl = k.shape[2], self._k_layers[layer], self._v_layers[layer]
+        kl.narrow(2, self.seq_len, t).copy_(k)  # narrow: one dispatch (a decode step makes 2 per layer)
+        vl.narrow(2, self.seq_len, t).copy_(v)
+        return kl.narrow(2, 0, self.seq_len + t), vl.narrow(2, 0, self.seq_len + t), None
 
     def copy_prefix_from(self, other: "ContiguousKVCache", n_tokens: int) -> None:
         """Take the first n_tokens of another cache (prefix reuse): a copy, no recomputation."""

@@ -8,9 +8,9 @@ puts one slice on each core, and adds the partial products. The same memory, vie
 serves prefill's ordinary matmul: one copy of every weight.
 
 Kinds (`WEIGHT_DTYPES`): float32, bfloat16, float16 (dense), int8 (per-row absmax scales, torch's
-aten._weight_int8pack_mm), int4 (groups of 32 with a bf16 scale and zero, as GGUF's Q4_1 stores
-them; torch's aten._weight_int4pack_mm_for_cpu, which is fast only with bf16 activations, so
-matmul inputs are rounded to bf16).
+aten._weight_int8pack_mm), int4 (groups of 32 with a scale and zero, as GGUF's Q4_1 stores them;
+torch's aten._weight_int4pack_mm_for_cpu). Both weight-only kernels are fast on CPUs only with
+bf16 activations, so their matmul inputs are rounded to bf16; outputs come back as fp32.
 """
 
 from __future__ import annotations
@@ -76,8 +76,10 @@ class DenseLinear:
 
 
 class Int8Linear:
-    """Weight-only int8: per-output-row absmax scales, torch's CPU int8 x fp32 matmul kernel
-    (aten._weight_int8pack_mm). Reads a quarter of the fp32 bytes."""
+    """Weight-only int8: per-output-row absmax scales, torch's CPU kernel
+    (aten._weight_int8pack_mm). Like int4's, the kernel is fast only with bf16 activations
+    (7x slower with fp32 ones on AVX2), so inputs and scales are bf16. Reads a quarter of the
+    fp32 bytes."""
 
     def __init__(self, weight):
         import torch
@@ -85,7 +87,7 @@ class Int8Linear:
         weight = weight.float()
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
         self.q = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale.contiguous()
+        self.scale = scale.to(torch.bfloat16).contiguous()
         self.shape = tuple(weight.shape)
 
     @property
@@ -93,14 +95,14 @@ class Int8Linear:
         return self.q.nbytes + self.scale.nbytes
 
     def rows(self, ids):
-        return self.q[ids].float() * self.scale[ids][..., None]
+        return self.q[ids].float() * self.scale[ids].float()[..., None]
 
     def __call__(self, x):
         import torch
 
-        flat = x.reshape(-1, x.shape[-1]).float()
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         out = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale)
-        return out.view(*x.shape[:-1], self.shape[0])
+        return out.view(*x.shape[:-1], self.shape[0]).float()
 
 
 def _int4_block_n() -> int:

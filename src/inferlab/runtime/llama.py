@@ -61,10 +61,10 @@ class LlamaModel:
             return matrix(state[name])
 
         self.output_norm = state["output_norm.weight"].to(dev, torch.float32)
-        # int4 keeps the head dense fp32, as llama.cpp files keep it at 6-8 bits (SmolLM2's Q4_1 file: Q8_0);
-        # rounding it to 4 bits changes the greedy tokens
+        # weight-only int8/int4 keep the head dense fp32: GGUF files keep it at 6-8 bits (SmolLM2's
+        # Q4_1 file: Q8_0), and rounding it to 4 bits changes the greedy tokens
         head = state["token_embd.weight" if config.tied_embeddings else "output.weight"]
-        self.lm_head = make_linear(head, "float32", dev) if dtype == "int4" else matrix(head)
+        self.lm_head = make_linear(head, "float32", dev) if dtype in ("int8", "int4") else matrix(head)
         # a tied embedding looks its rows up in the head: one copy in memory, whatever its dtype
         self.tok_embd = None if config.tied_embeddings else state["token_embd.weight"].to(device=dev, dtype=self.dtype)
         self.layers: list[_Layer] = []
@@ -222,7 +222,7 @@ class LlamaModel:
         return self.lm_head(self._rms_norm(x, self.output_norm)).float()
 
     def _embed(self, tokens):
-        if self.tok_embd is None:  # tied: rows of the head, dequantized if it is int8/int4
+        if self.tok_embd is None:  # tied: the rows of the head, the one copy
             return self.lm_head.rows(tokens).to(self.dtype)
         return self.tok_embd[tokens]
 
