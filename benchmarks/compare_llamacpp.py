@@ -3,7 +3,7 @@ GGUF: prefill and decode tokens/s, bytes streamed per decode step and the bandwi
 inferlab's speed as a ratio of llama.cpp's, perf_model's prediction for both, and whether the
 greedy tokens agree.
 
-    python benchmarks/compare_llamacpp.py [--model PATH] [--prompt-tokens 256] [--decode-tokens 64]
+    python benchmarks/compare_llamacpp.py [--model PATH] [--prompt-tokens 256] [--decode-tokens 64] [--dtypes float32,int4] [--rounds 3]
 
 Prints a table and writes benchmarks/results/compare_llamacpp.json. Nothing is asserted.
 """
@@ -18,7 +18,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_runtime import RESULTS, measure_runtime, prompt_of, read_bandwidth_gbps, smollm_path  # noqa: E402
+from bench_runtime import RESULTS, measure_runtime, prompt_of, read_bandwidth_gbps, smollm_path, span  # noqa: E402
 
 
 def gguf_decode_bytes(path: str) -> tuple[int, int]:
@@ -31,6 +31,14 @@ def gguf_decode_bytes(path: str) -> tuple[int, int]:
     total = sum(sizes.values())
     tied = "output.weight" not in sizes  # then the whole embedding table is read as the LM head
     return total, total if tied else total - sizes["token_embd.weight"]
+
+
+def _last_logits(llm):
+    """The last evaluated token's logits. llama-cpp-python 0.3 fills llm.scores only with
+    logits_all=True (else it stays zeros, and an argmax of it is token 0), so read the context's."""
+    import numpy as np
+
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
 
 
 def measure_llama_cpp(path: str, prompt_ids: list[int], n_decode: int, n_ctx: int, repeats: int = 2) -> dict:
@@ -47,13 +55,13 @@ def measure_llama_cpp(path: str, prompt_ids: list[int], n_decode: int, n_ctx: in
         t0 = time.perf_counter()
         llm.eval(prompt_ids)  # prefill
         prefill = time.perf_counter() - t0
-        nxt = int(llm.scores[llm.n_tokens - 1].argmax())
+        nxt = int(_last_logits(llm).argmax())
         run, steps = [nxt], []
         for _ in range(n_decode - 1):
             t0 = time.perf_counter()
             llm.eval([nxt])  # one decode step
             steps.append(time.perf_counter() - t0)
-            nxt = int(llm.scores[llm.n_tokens - 1].argmax())
+            nxt = int(_last_logits(llm).argmax())
             run.append(nxt)
         best_prefill = min(best_prefill, prefill)
         best_step = min(best_step, statistics.median(steps))
@@ -86,7 +94,9 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--dtypes", default="float32,int4", help="inferlab weight dtypes to run (float32, bfloat16, int8, int4).")
     ap.add_argument("--int8", action="store_true", help="Also run inferlab with weight-only int8 weights.")
+    ap.add_argument("--rounds", type=int, default=3, help="Interleaved rounds (llama.cpp, then each inferlab dtype); ranges over them.")
     args = ap.parse_args()
     try:
         import llama_cpp  # noqa: F401
@@ -94,47 +104,60 @@ def main() -> None:
         sys.exit("llama-cpp-python is not installed: pip install 'inferlab[engine]'")
     import torch
 
-    from inferlab.runtime.llama import load_gguf
+    from inferlab.runtime.gguf_weights import load_state, open_gguf, read_config
+    from inferlab.runtime.llama import LlamaModel, load_gguf
 
     path = args.model or smollm_path()
     n_ctx = args.prompt_tokens + args.decode_tokens + 16
-    bw = read_bandwidth_gbps()
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] + (["int8"] if args.int8 else [])
     model, tok = load_gguf(path, n_ctx=n_ctx)
+    reader = open_gguf(path)
+    config = read_config(reader, path)
+    state = load_state(reader, config, torch.float32)
+    models = {d: model if d == "float32" else LlamaModel(config, state, dtype=d, n_ctx=n_ctx, path=path) for d in dtypes}
+    del state
     ids = prompt_of(tok, args.prompt_tokens)
     mid_ctx = len(ids) + args.decode_tokens // 2
-
-    lc = measure_llama_cpp(path, ids, args.decode_tokens, n_ctx)
     file_bytes, lc_weight_step = gguf_decode_bytes(path)
-    lc["decode_bytes_per_step"] = lc_weight_step + model.config.kv_bytes_per_token(2) * mid_ctx  # f16 KV
-    lc["decode_gbps"] = lc["decode_bytes_per_step"] / lc["decode_step_s"] / 1e9
-    engines = {"llama.cpp": lc, "inferlab fp32": measure_runtime(model, ids, args.decode_tokens)}
-    if args.int8:
-        from inferlab.runtime.gguf_weights import load_state, open_gguf, read_config
-        from inferlab.runtime.llama import LlamaModel
 
-        reader = open_gguf(path)
-        config = read_config(reader, path)
-        engines["inferlab int8"] = measure_runtime(LlamaModel(config, load_state(reader, config, torch.float32), dtype="int8",
-                                                              n_ctx=n_ctx, path=path), ids, args.decode_tokens)
+    rounds = []
+    for r in range(args.rounds):
+        bw = read_bandwidth_gbps()
+        lc = measure_llama_cpp(path, ids, args.decode_tokens, n_ctx, repeats=1 if args.rounds > 1 else 2)
+        lc["decode_bytes_per_step"] = lc_weight_step + model.config.kv_bytes_per_token(2) * mid_ctx  # f16 KV
+        lc["decode_gbps"] = lc["decode_bytes_per_step"] / lc["decode_step_s"] / 1e9
+        engines = {"llama.cpp": lc}
+        for d, m in models.items():
+            engines[f"inferlab {d}"] = measure_runtime(m, ids, args.decode_tokens, repeats=1 if args.rounds > 1 else 2)
+        for m in engines.values():
+            m["share_of_read_bw"] = m["decode_gbps"] / bw["read_gbps"]
+            m["decode_ratio_to_llama_cpp"] = m["decode_tok_per_s"] / lc["decode_tok_per_s"]
+            m["prefill_ratio_to_llama_cpp"] = m["prefill_tok_per_s"] / lc["prefill_tok_per_s"]
+            m["greedy_tokens_agreeing"] = next((i for i, (a, b) in enumerate(zip(m["tokens"], lc["tokens"])) if a != b),
+                                               len(m["tokens"]))
+        rounds.append({"bandwidth": bw, "engines": engines})
+        print(f"round {r + 1}: read bandwidth {bw['read_gbps']:.1f} GB/s; decode tok/s "
+              + ", ".join(f"{k} {m['decode_tok_per_s']:.1f}" for k, m in engines.items()), flush=True)
     pred = predictions(path, mid_ctx, len(ids))
 
-    print(f"{os.path.basename(path)}: {len(ids)} prompt tokens, {args.decode_tokens} decoded, batch 1, "
-          f"{torch.get_num_threads()} threads; measured read bandwidth {bw['read_gbps']:.1f} GB/s")
-    print(f"{'engine':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>7}{'% bw':>6}{'vs llama.cpp':>14}")
-    for name, m in engines.items():
-        m["share_of_read_bw"] = m["decode_gbps"] / bw["read_gbps"]
-        m["decode_ratio_to_llama_cpp"] = m["decode_tok_per_s"] / lc["decode_tok_per_s"]
-        m["prefill_ratio_to_llama_cpp"] = m["prefill_tok_per_s"] / lc["prefill_tok_per_s"]
-        m["same_greedy_tokens_as_llama_cpp"] = m["tokens"] == lc["tokens"]
-        print(f"{name:<16}{m['prefill_tok_per_s']:>14.1f}{m['decode_tok_per_s']:>14.2f}{m['decode_bytes_per_step'] / 1e6:>9.1f}"
-              f"{m['decode_gbps']:>7.2f}{m['share_of_read_bw']:>6.0%}"
-              f"{m['decode_ratio_to_llama_cpp']:>8.2f}x dec")
-    for name, m in engines.items():
-        agree = next((i for i, (a, b) in enumerate(zip(m["tokens"], lc["tokens"])) if a != b), len(m["tokens"]))
-        m["greedy_tokens_agreeing"] = agree
-        print(f"  {name}: prefill {m['prefill_ratio_to_llama_cpp']:.2f}x llama.cpp; greedy tokens equal to llama.cpp's for the first {agree}")
-    for m in engines.values():
-        m.pop("tokens")
+    print(f"\n{os.path.basename(path)}: {len(ids)} prompt tokens, {args.decode_tokens} decoded, batch 1, "
+          f"{torch.get_num_threads()} threads; read bandwidth {span([r['bandwidth']['read_gbps'] for r in rounds], '.1f')} GB/s; "
+          f"ranges over {len(rounds)} round(s)")
+    print(f"{'engine':<18}{'prefill tok/s':>14}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>11}{'% bw':>9}{'decode vs llama.cpp':>21}{'greedy =':>10}")
+    summary = {}
+    for name in rounds[0]["engines"]:
+        per = [r["engines"][name] for r in rounds]
+        col = {k: [p[k] for p in per] for k in ("prefill_tok_per_s", "decode_tok_per_s", "decode_gbps", "share_of_read_bw",
+                                               "decode_ratio_to_llama_cpp", "prefill_ratio_to_llama_cpp", "greedy_tokens_agreeing")}
+        col["decode_bytes_per_step"] = per[0]["decode_bytes_per_step"]
+        summary[name] = col
+        print(f"{name:<18}{span(col['prefill_tok_per_s'], '.0f'):>14}{span(col['decode_tok_per_s'], '.1f'):>14}"
+              f"{col['decode_bytes_per_step'] / 1e6:>9.1f}{span(col['decode_gbps'], '.2f'):>11}"
+              f"{span([100 * x for x in col['share_of_read_bw']], '.0f') + '%':>9}"
+              f"{span(col['decode_ratio_to_llama_cpp'], '.2f') + 'x':>21}{min(col['greedy_tokens_agreeing']):>7}/{args.decode_tokens}")
+    for r in rounds:
+        for m in r["engines"].values():
+            m.pop("tokens")
     if "note" in pred:
         print(pred["note"])
     else:
@@ -144,7 +167,7 @@ def main() -> None:
     os.makedirs(RESULTS, exist_ok=True)
     out = os.path.join(RESULTS, "compare_llamacpp.json")
     with open(out, "w") as f:
-        json.dump({"model": path, "file_bytes": file_bytes, "bandwidth": bw, "engines": engines, "predictions": pred,
+        json.dump({"model": path, "file_bytes": file_bytes, "rounds": rounds, "summary": summary, "predictions": pred,
                    "prompt_tokens": len(ids), "decode_tokens": args.decode_tokens}, f, indent=2)
     print(f"wrote {out}")
 
