@@ -32,8 +32,7 @@ whole prefix, like vLLM's chained hashes, and like vLLM's they are trusted not t
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice, repeat, takewhile
-from operator import sub
+from itertools import islice, takewhile
 from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError
@@ -42,7 +41,6 @@ from .tokens import expand, slice_runs
 
 VLLM_VERSIONS = ("0.11", "0.33")
 NONE_HASH = hash(("vllm-none-hash",))
-_consume = deque(maxlen=0).extend  # run an iterator for its side effects at C speed
 
 
 def block_keys(runs, block_size: int) -> list[int]:
@@ -320,7 +318,8 @@ class PagedManager(KVManager):
             if free_hits:  # touch: hit blocks nobody holds leave the free queue
                 self.free.remove_n([b for b in hits if ref[b] == 0])
             self.num_hashed_free -= free_hits
-            _consume(map(ref.__setitem__, hits, [ref[b] + 1 for b in hits]))
+            for b in hits:
+                ref[b] += 1
             blocks.extend(hits)
             seq.num_cached_blocks = len(blocks)  # hit blocks are cached already
         if need:
@@ -334,8 +333,11 @@ class PagedManager(KVManager):
                         if k is not None:
                             self._evict(b, k)
                 else:
-                    _consume(map(self.cached.__delitem__, ks))
-            _consume(map(ref.__setitem__, new, repeat(1)))
+                    cached = self.cached
+                    for k in ks:
+                        del cached[k]
+            for b in new:
+                ref[b] = 1
             blocks.extend(new)
         if self.enable_prefix_caching:
             nfull = min(total, seq.num_tokens) // bs
@@ -387,12 +389,14 @@ class PagedManager(KVManager):
         keys = self._keys(seq) if nc else []
         # Usually the blocks other requests still use form a prefix (shared hits, a common system
         # prompt): those only lose a reference; every later block becomes free.
-        refs = list(map(ref.__getitem__, blocks))
+        refs = [ref[b] for b in blocks]
         shared = refs.index(1) if 1 in refs else len(blocks)
         if shared <= nc and refs.count(1) == len(refs) - shared:  # (held blocks have ref >= 1)
             if shared:
-                _consume(map(ref.__setitem__, blocks[:shared], map(sub, refs[:shared], repeat(1))))
-            _consume(map(ref.__setitem__, islice(blocks, shared, None), repeat(0)))
+                for b in blocks[:shared]:
+                    ref[b] -= 1
+            for b in islice(blocks, shared, None):
+                ref[b] = 0
             # blocks[shared:nc] carry hashes (hits and registered blocks), the rest (the partial
             # tail) not; tail block first
             hashed_rev = blocks[shared:nc][::-1]
