@@ -266,7 +266,7 @@ class PagedManager(KVManager):
         keys = self._keys(seq)
         n = (seq.num_tokens - 1) // self.block_size
         cached = self.cached
-        hits = [cached[k] for k in takewhile(cached.__contains__, keys[:n])]  # stop at the first miss
+        hits = [cached[k] for k in takewhile(cached.__contains__, islice(keys, n))]  # stop at the first miss
         if self.version == "0.11":  # 0.11 records every lookup, retries included
             self.queries += seq.num_tokens
             self.hits += len(hits) * self.block_size

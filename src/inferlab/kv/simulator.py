@@ -381,6 +381,18 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
     tl_t, tl_used, tl_cached, tl_run, tl_wait = (array("d") for _ in range(5))
     idle_steps = 0
 
+    def observe(t: float) -> tuple[int, int]:
+        """KV in use and cached after a step (or a fast-forwarded stretch) ending at ``t``; one
+        timeline point."""
+        used, cached = manager.kv_used_tokens(), manager.kv_cached_tokens()
+        if record_timeline:
+            tl_t.append(t)
+            tl_used.append(used)
+            tl_cached.append(cached)
+            tl_run.append(manager.num_running)
+            tl_wait.append(manager.num_waiting)
+        return used, cached
+
     while done < n:
         while nxt < n and seqs[nxt].req.arrival_s <= now:
             s = seqs[nxt]
@@ -412,17 +424,10 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
                 if check_invariants:
                     check_common(manager)
                     manager.check_invariants()
-                used = manager.kv_used_tokens()
-                cached = manager.kv_cached_tokens()
+                used, cached = observe(now)
                 peak_conc = max(peak_conc, batch)
                 kv_peak = max(kv_peak, used + cached)
                 kv_area += (used0 + used + cached) / 2 * span  # KV grows linearly while decoding
-                if record_timeline:
-                    tl_t.append(now)
-                    tl_used.append(used)
-                    tl_cached.append(cached)
-                    tl_run.append(manager.num_running)
-                    tl_wait.append(manager.num_waiting)
                 if progress is not None and steps % 2000 < k:
                     progress(done, n, now)
                 continue
@@ -459,17 +464,10 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
         if check_invariants:
             check_common(manager)
             manager.check_invariants()
-        used = manager.kv_used_tokens()
-        cached = manager.kv_cached_tokens()
+        used, cached = observe(now)
         peak_conc = max(peak_conc, st.num_running)
         kv_peak = max(kv_peak, used + cached)
         kv_area += (used + cached) * dt
-        if record_timeline:
-            tl_t.append(now)
-            tl_used.append(used)
-            tl_cached.append(cached)
-            tl_run.append(manager.num_running)
-            tl_wait.append(manager.num_waiting)
         if progress is not None and steps % 2000 == 0:
             progress(done, n, now)
     if progress is not None:
