@@ -49,7 +49,7 @@ def read_bandwidth_gbps(n_bytes: int = 2**30, repeats: int = 5) -> dict:
     a.sum()
     best = min(_timed(lambda: a.sum()) for _ in range(repeats))
     out["numpy_sum_gbps"] = n_bytes / best / 1e9
-    del x, a
+    x = a = None  # free the 1 GiB buffers before calibrate allocates its own
     out["calibrate_gbps"] = read_bandwidth_gbs(torch.get_num_threads(), repeats=repeats).median
     out["read_gbps"] = max(out["torch_sum_gbps"], out["numpy_sum_gbps"], out["calibrate_gbps"])
     return out

@@ -178,7 +178,6 @@ class LlamaModel:
     def forward(self, tokens, cache: KVCache | None = None, *, all_logits: bool = False):
         """tokens: (batch, T) ids at positions cache.seq_len..+T (0..T without a cache).
         Returns logits (batch, T or 1, vocab) in fp32."""
-        import torch
         import torch.nn.functional as F
 
         c = self.config
