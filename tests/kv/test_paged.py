@@ -144,3 +144,51 @@ def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
         ref = simulate(reqs, m, record_timeline=False, check_invariants=True)
         assert bulk.requests == ref.requests
         assert bulk.summary["preemptions"] > 0  # the pool was tight enough to evict and preempt
+
+
+def test_free_block_queue_matches_a_plain_list_under_random_operations():
+    # FreeBlockQueue keeps vLLM's doubly linked free list as slices with lazily dropped copies;
+    # this reference is the list itself: popleft from the front, append at the back, appendleft
+    # at the front, remove from anywhere. A tiny COMPACT_AT exercises the rebuild paths.
+    import random
+
+    from inferlab.kv.paged import FreeBlockQueue
+
+    class Small(FreeBlockQueue):
+        __slots__ = ()
+        COMPACT_AT = 2
+
+    for seed in range(40):
+        rng = random.Random(seed)
+        n = rng.randint(4, 40)
+        v033 = rng.random() < 0.5
+        ref = [(b, None) for b in range(1, n)]
+        q = Small(list(range(1, n)), []) if v033 else Small([], list(range(1, n)))
+        held: list[int] = []
+        for _ in range(300):
+            op = rng.random()
+            if op < 0.35 and ref:  # allocate a few blocks from the head
+                k = rng.randint(1, len(ref))
+                got, keys = q.popleft_n(k)
+                assert list(zip(got, keys)) == ref[:k]
+                del ref[:k]
+                held += got
+            elif op < 0.7 and held:  # free some held blocks, hashed to the tail, unhashed (0.33) to the head
+                rng.shuffle(held)
+                k = rng.randint(1, len(held))
+                gone, held = held[:k], held[k:]
+                hashed = [b for b in gone if not v033 or rng.random() < 0.6]
+                unhashed = [b for b in gone if b not in hashed]
+                keys = [None if rng.random() < 0.2 and not v033 else 1000 + b for b in hashed]
+                q.append_n(hashed, keys)
+                ref += list(zip(hashed, keys))
+                q.prepend_n(unhashed)
+                ref = [(b, None) for b in reversed(unhashed)] + ref
+            elif ref:  # touch: hits take hashed free blocks out of the middle
+                tail = [b for b, k in ref if k is not None]
+                touched = rng.sample(tail, rng.randint(0, min(3, len(tail))))
+                q.remove_n(touched)
+                ref = [(b, k) for b, k in ref if b not in touched]
+                held += touched
+            assert q.items() == ref
+            assert len(q) == len(ref)

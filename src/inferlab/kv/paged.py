@@ -81,6 +81,7 @@ class FreeBlockQueue:
     """
 
     __slots__ = ("head", "tail", "tail_keys", "start", "stale", "num_stale")
+    COMPACT_AT = 4096  # consumed front entries / stale copies tolerated before the lists are rebuilt
 
     def __init__(self, head: list[int], tail: list[int]):
         self.head = head[::-1]  # top of the stack = head of the queue
@@ -124,7 +125,7 @@ class FreeBlockQueue:
                 seg, kseg = live, live_keys
             out += seg
             keys += kseg
-        if self.start > 4096 and self.start * 2 > len(tail):  # drop the consumed front, amortised O(1)
+        if self.start > self.COMPACT_AT and self.start * 2 > len(tail):  # drop the consumed front, amortised O(1)
             del tail[:self.start]
             del tail_keys[:self.start]
             self.start = 0
@@ -146,7 +147,7 @@ class FreeBlockQueue:
         for b in blocks:
             stale[b] = stale.get(b, 0) + 1
         self.num_stale += len(blocks)
-        if self.num_stale > 4096 and self.num_stale * 2 > len(self.tail) - self.start:
+        if self.num_stale > self.COMPACT_AT and self.num_stale * 2 > len(self.tail) - self.start:
             live = self.items()[len(self.head):]  # mostly stale: rebuild from the live copies
             self.tail = [b for b, _ in live]
             self.tail_keys = [k for _, k in live]
