@@ -132,6 +132,7 @@ def main() -> None:
         for dtype, model in models.items():
             m = measure_runtime(model, ids, args.decode_tokens, repeats=1 if args.rounds > 1 else 2)
             m["share_of_read_bw"] = m["decode_gbps"] / bw["read_gbps"]
+            m["share_of_calibrate_bw"] = m["decode_gbps"] / bw["calibrate_gbps"]
             rnd["weights"][dtype] = m
         results["rounds"].append(rnd)
         print(f"round {r + 1}: read bandwidth {bw['read_gbps']:.1f} GB/s (torch sum {bw['torch_sum_gbps']:.1f}, numpy sum "
@@ -140,18 +141,21 @@ def main() -> None:
 
     rounds = results["rounds"]
     print(f"\n{len(rounds)} round(s), ranges min-max; read bandwidth {span([r['bandwidth']['read_gbps'] for r in rounds], '.1f')} GB/s")
-    print(f"{'weights':<10}{'MB held':>9}{'prefill tok/s':>15}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>11}{'% of read bw':>14}  same tokens as fp32")
+    print(f"{'weights':<10}{'MB held':>9}{'prefill tok/s':>15}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>11}{'% of read bw':>14}"
+          f"{'% of calibrate':>16}  same tokens as fp32")
     first = rounds[0]["weights"]
     for dtype in models:
         per = [r["weights"][dtype] for r in rounds]
         same = per[0]["tokens"] == first.get("float32", per[0])["tokens"]
-        summary = {key: [p[key] for p in per] for key in ("prefill_tok_per_s", "decode_tok_per_s", "decode_gbps", "share_of_read_bw")}
+        summary = {key: [p[key] for p in per]
+                   for key in ("prefill_tok_per_s", "decode_tok_per_s", "decode_gbps", "share_of_read_bw", "share_of_calibrate_bw")}
         summary.update(weight_bytes=per[0]["weight_bytes"], decode_bytes_per_step=per[0]["decode_bytes_per_step"],
                        same_tokens_as_fp32=same)
         results["weights"][dtype] = summary
         print(f"{dtype:<10}{per[0]['weight_bytes'] / 1e6:>9.1f}{span(summary['prefill_tok_per_s'], '.0f'):>15}"
               f"{span(summary['decode_tok_per_s'], '.1f'):>14}{per[0]['decode_bytes_per_step'] / 1e6:>9.1f}"
-              f"{span(summary['decode_gbps'], '.2f'):>11}{span([100 * x for x in summary['share_of_read_bw']], '.0f') + '%':>14}  {same}")
+              f"{span(summary['decode_gbps'], '.2f'):>11}{span([100 * x for x in summary['share_of_read_bw']], '.0f') + '%':>14}"
+              f"{span([100 * x for x in summary['share_of_calibrate_bw']], '.0f') + '%':>16}  {same}")
     for r in rounds:
         for m in r["weights"].values():
             m.pop("tokens")

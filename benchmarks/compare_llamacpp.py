@@ -131,6 +131,7 @@ def main() -> None:
             engines[f"inferlab {d}"] = measure_runtime(m, ids, args.decode_tokens, repeats=1 if args.rounds > 1 else 2)
         for m in engines.values():
             m["share_of_read_bw"] = m["decode_gbps"] / bw["read_gbps"]
+            m["share_of_calibrate_bw"] = m["decode_gbps"] / bw["calibrate_gbps"]
             m["decode_ratio_to_llama_cpp"] = m["decode_tok_per_s"] / lc["decode_tok_per_s"]
             m["prefill_ratio_to_llama_cpp"] = m["prefill_tok_per_s"] / lc["prefill_tok_per_s"]
             m["greedy_tokens_agreeing"] = next((i for i, (a, b) in enumerate(zip(m["tokens"], lc["tokens"])) if a != b),
@@ -143,17 +144,19 @@ def main() -> None:
     print(f"\n{os.path.basename(path)}: {len(ids)} prompt tokens, {args.decode_tokens} decoded, batch 1, "
           f"{torch.get_num_threads()} threads; read bandwidth {span([r['bandwidth']['read_gbps'] for r in rounds], '.1f')} GB/s; "
           f"ranges over {len(rounds)} round(s)")
-    print(f"{'engine':<18}{'prefill tok/s':>14}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>11}{'% bw':>9}{'decode vs llama.cpp':>21}{'greedy =':>10}")
+    print(f"{'engine':<18}{'prefill tok/s':>14}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>12}{'% bw':>9}{'% calib':>9}"
+          f"{'decode vs llama.cpp':>21}{'greedy =':>10}")
     summary = {}
     for name in rounds[0]["engines"]:
         per = [r["engines"][name] for r in rounds]
         col = {k: [p[k] for p in per] for k in ("prefill_tok_per_s", "decode_tok_per_s", "decode_gbps", "share_of_read_bw",
-                                               "decode_ratio_to_llama_cpp", "prefill_ratio_to_llama_cpp", "greedy_tokens_agreeing")}
+                                               "share_of_calibrate_bw", "decode_ratio_to_llama_cpp", "prefill_ratio_to_llama_cpp", "greedy_tokens_agreeing")}
         col["decode_bytes_per_step"] = per[0]["decode_bytes_per_step"]
         summary[name] = col
         print(f"{name:<18}{span(col['prefill_tok_per_s'], '.0f'):>14}{span(col['decode_tok_per_s'], '.1f'):>14}"
-              f"{col['decode_bytes_per_step'] / 1e6:>9.1f}{span(col['decode_gbps'], '.2f'):>11}"
+              f"{col['decode_bytes_per_step'] / 1e6:>9.1f}{span(col['decode_gbps'], '.2f'):>12}"
               f"{span([100 * x for x in col['share_of_read_bw']], '.0f') + '%':>9}"
+              f"{span([100 * x for x in col['share_of_calibrate_bw']], '.0f') + '%':>9}"
               f"{span(col['decode_ratio_to_llama_cpp'], '.2f') + 'x':>21}{min(col['greedy_tokens_agreeing']):>7}/{args.decode_tokens}")
     for r in rounds:
         for m in r["engines"].values():
