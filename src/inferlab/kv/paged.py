@@ -218,6 +218,7 @@ class PagedManager(KVManager):
         self.running: list[Seq] = []
         self.waiting: deque[Seq] = deque()
         self.queries = self.hits = 0
+        self.map_epoch = 0  # bumped whenever a hash enters or leaves the map (lookups memoised per epoch)
         self.preempted_queries = self.preempted_hits = 0
 
     # ---------------------------------------------------------------- config / accounting
@@ -264,10 +265,14 @@ class PagedManager(KVManager):
         """``get_computed_blocks``: hit blocks for a waiting request (at most num_tokens - 1 tokens)."""
         if not self.enable_prefix_caching:
             return []
-        keys = self._keys(seq)
         n = (seq.num_tokens - 1) // self.block_size
-        cached = self.cached
-        hits = [cached[k] for k in takewhile(cached.__contains__, islice(keys, n))]  # stop at the first miss
+        memo = getattr(seq, "lookup_memo", None)  # a blocked head is looked up again every step
+        if memo is not None and memo[0] == self.map_epoch and memo[1] == n:
+            hits = memo[2]
+        else:
+            cached = self.cached
+            hits = [cached[k] for k in takewhile(cached.__contains__, islice(self._keys(seq), n))]  # to the first miss
+            seq.lookup_memo = (self.map_epoch, n, hits)
         if self.version == "0.11":  # 0.11 records every lookup, retries included
             self.queries += seq.num_tokens
             self.hits += len(hits) * self.block_size
@@ -303,7 +308,7 @@ class PagedManager(KVManager):
             total = min(total, self.max_model_len)
         need = max(-(-total // bs) - len(seq.blocks) - len(hits), 0)
         ref = self.ref
-        free_hits = sum(1 for b in hits if ref[b] == 0)
+        free_hits = [ref[b] for b in hits].count(0) if hits else 0  # hit blocks still in the free queue
         avail = len(self.free)
         check = need
         if admitting and self.version == "0.33":
@@ -329,6 +334,7 @@ class PagedManager(KVManager):
             ks = old if not unhashed else [k for k in old if k is not None] if unhashed < need else []
             if ks:  # lazy eviction of the cached content those blocks held
                 self.num_hashed_free -= len(ks)
+                self.map_epoch += 1
                 if self.dups and not self.dups.keys().isdisjoint(ks):
                     for b, k in zip(new, old):
                         if k is not None:
@@ -357,6 +363,7 @@ class PagedManager(KVManager):
                         else:
                             cached[k] = b
                 seq.num_cached_blocks = nfull
+                self.map_epoch += 1
         return True
 
     def _decode_block(self, seq: Seq) -> bool:
@@ -380,6 +387,7 @@ class PagedManager(KVManager):
                 else:
                     self.cached[k] = blocks[j]
                 seq.num_cached_blocks = j + 1
+                self.map_epoch += 1
         return True
 
     def _free_seq(self, seq: Seq) -> None:
@@ -448,7 +456,7 @@ class PagedManager(KVManager):
 
     def _finish(self, seq: Seq, st: StepStats) -> None:
         self._free_seq(seq)
-        seq.bkeys = None  # block keys are recomputed if ever needed; long traces keep memory flat
+        seq.bkeys = seq.lookup_memo = None  # block keys are recomputed if ever needed; long traces keep memory flat
         st.finished.append(seq)
 
     def _forward(self, seq: Seq, num_new: int, first: list[Seq], finished: list[Seq]) -> bool:
@@ -620,6 +628,7 @@ class PagedManager(KVManager):
                     else:
                         cached[key] = b
                     s.num_cached_blocks = j + 1
+                    self.map_epoch += 1
         for s in self.running:
             s.num_computed += k
             s.num_output += k
@@ -630,6 +639,7 @@ class PagedManager(KVManager):
         if k is not None:
             self.num_hashed_free -= 1
             self._evict(b, k)
+            self.map_epoch += 1
         return b
 
     # ---------------------------------------------------------------- invariants
