@@ -204,6 +204,7 @@ class PagedManager(KVManager):
         self.usable_blocks = num_blocks - 1  # block 0 = null block
         self.watermark_blocks = int(watermark * num_blocks)
         self.ref = [0] * num_blocks
+        self.num_extra_refs = 0  # sum over blocks of ref_cnt - 1 where above 1 (blocks shared by requests)
         # The free-block queue: 0.11 appends every freed block at the tail; 0.33 prepends blocks
         # without a hash at the head and appends hashed ones. A hit on a free block takes it out.
         # A block's hash lives beside it in the queue while it is free; while requests hold it,
@@ -326,6 +327,7 @@ class PagedManager(KVManager):
             self.num_hashed_free -= free_hits
             for b in hits:
                 ref[b] += 1
+            self.num_extra_refs += len(hits) - free_hits  # hits on blocks other requests hold
             blocks.extend(hits)
             seq.num_cached_blocks = len(blocks)  # hit blocks are cached already
         if need:
@@ -397,13 +399,18 @@ class PagedManager(KVManager):
         blocks, nc = seq.blocks, seq.num_cached_blocks
         keys = self._keys(seq) if nc else []
         # Usually the blocks other requests still use form a prefix (shared hits, a common system
-        # prompt): those only lose a reference; every later block becomes free.
-        refs = [ref[b] for b in blocks]
-        shared = refs.index(1) if 1 in refs else len(blocks)
-        if shared <= nc and refs.count(1) == len(refs) - shared:  # (held blocks have ref >= 1)
+        # prompt): those only lose a reference; every later block becomes free. When no block in
+        # the pool is shared, that prefix is empty without looking.
+        shared, bulk = 0, True
+        if self.num_extra_refs:
+            refs = [ref[b] for b in blocks]
+            shared = refs.index(1) if 1 in refs else len(blocks)
+            bulk = shared <= nc and refs.count(1) == len(refs) - shared  # (held blocks have ref >= 1)
+        if bulk:
             if shared:
                 for b in blocks[:shared]:
                     ref[b] -= 1
+                self.num_extra_refs -= shared
             for b in islice(blocks, shared, None):
                 ref[b] = 0
             # blocks[shared:nc] carry hashes (hits and registered blocks), the rest (the partial
@@ -421,6 +428,7 @@ class PagedManager(KVManager):
                 b = blocks[i]
                 ref[b] -= 1
                 if ref[b]:
+                    self.num_extra_refs -= 1
                     continue
                 if i < nc:
                     free.append_n([b], [keys[i]])
@@ -654,6 +662,8 @@ class PagedManager(KVManager):
         if counts != ref:
             bad = [b for b in range(self.num_gpu_blocks) if counts[b] != ref[b]][:5]
             raise InvariantError(f"vllm: ref_cnt disagrees with running block tables at blocks {bad}")
+        if self.num_extra_refs != sum(r - 1 for r in ref if r > 1):
+            raise InvariantError(f"vllm: shared-reference count {self.num_extra_refs} drifted")
         queue = self.free.items()
         free_ids = {b for b, _ in queue}
         if len(free_ids) != len(queue) or len(queue) != self.num_free:
