@@ -149,7 +149,7 @@ def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
 
 def test_free_block_queue_matches_a_plain_list_under_random_operations():
     # FreeBlockQueue keeps vLLM's doubly linked free list as slices with lazily dropped copies;
-    # this reference is the list itself: popleft from the front, append at the back, appendleft
+    # this reference is the list itself: popleft (one or n) from the front, append at the back, appendleft
     # at the front, remove from anywhere. A tiny COMPACT_AT exercises the rebuild paths.
     import random
 
@@ -168,7 +168,12 @@ def test_free_block_queue_matches_a_plain_list_under_random_operations():
         held: list[int] = []
         for _ in range(300):
             op = rng.random()
-            if op < 0.35 and ref:  # allocate a few blocks from the head
+            if op < 0.1 and ref:  # one decode block from the head
+                got = [q.popleft()]
+                assert got[0] == ref[0]
+                del ref[:1]
+                held += [b for b, _ in got]
+            elif op < 0.35 and ref:  # allocate a few blocks from the head
                 k = rng.randint(1, len(ref))
                 got, keys = q.popleft_n(k)
                 assert list(zip(got, keys)) == ref[:k]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice, takewhile
+from operator import itemgetter
 from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError
@@ -130,6 +131,33 @@ class FreeBlockQueue:
             del tail_keys[:self.start]
             self.start = 0
         return out, keys
+
+    def popleft(self) -> tuple[int, int | None]:
+        """``popleft`` once (the queue is not empty): the block and its hash (popleft_n(1) without
+        the lists; a decode token that starts a block)."""
+        if self.head:
+            return self.head.pop(), None
+        tail, stale = self.tail, self.stale
+        i = self.start
+        while True:
+            b = tail[i]
+            c = stale.get(b) if stale else None
+            if c is None:
+                break
+            if c == 1:  # a touched block's stale copy: skip it
+                del stale[b]
+            else:
+                stale[b] = c - 1
+            self.num_stale -= 1
+            i += 1
+        tail_keys = self.tail_keys
+        k = tail_keys[i]
+        self.start = i + 1
+        if self.start > self.COMPACT_AT and self.start * 2 > len(tail):  # as popleft_n
+            del tail[:self.start]
+            del tail_keys[:self.start]
+            self.start = 0
+        return b, k
 
     def append_n(self, blocks: list[int], keys: list[int | None]) -> None:
         """``append`` each block (with its hash) at the tail, in order."""
@@ -403,7 +431,7 @@ class PagedManager(KVManager):
         # the pool is shared, that prefix is empty without looking.
         shared, bulk = 0, True
         if self.num_extra_refs:
-            refs = [ref[b] for b in blocks]
+            refs = itemgetter(*blocks)(ref) if len(blocks) > 1 else [ref[b] for b in blocks]  # (C loop)
             shared = refs.index(1) if 1 in refs else len(blocks)
             bulk = shared <= nc and refs.count(1) == len(refs) - shared  # (held blocks have ref >= 1)
         if bulk:
@@ -614,17 +642,31 @@ class PagedManager(KVManager):
         bs = self.block_size
         caching = self.enable_prefix_caching
         events: dict[int, list[tuple[Seq, bool, int]]] = {}
+        num_pops = 0
         for s in self.running:
             c0 = s.num_computed
             p = c0 % bs
-            events.setdefault((-p) % bs, []).append((s, True, c0))  # token starts a block: allocate
+            r = (-p) % bs  # the first step whose token starts a block, then every bs steps
+            events.setdefault(r, []).append((s, True, c0))  # token starts a block: allocate
+            if r < k:
+                num_pops += (k - 1 - r) // bs + 1
             if caching:
                 events.setdefault((-p - 1) % bs, []).append((s, False, c0))  # fills one: register
+        # Nothing enters or leaves the free queue meanwhile, so the k steps' pops are its first
+        # num_pops blocks, head first (one bulk pop); each evicts its hash at its own turn below,
+        # interleaved with the registrations exactly as step by step.
+        new, old = self.free.popleft_n(num_pops) if num_pops else ((), ())
+        num_popped = 0
         ref, cached, dups = self.ref, self.cached, self.dups
         for i in range(k):
             for s, alloc, c0 in events.get(i % bs, ()):
                 if alloc:
-                    b = self._pop_free()
+                    b, h = new[num_popped], old[num_popped]
+                    num_popped += 1
+                    if h is not None:  # lazy eviction of the block's cached content (as _pop_free)
+                        self.num_hashed_free -= 1
+                        self._evict(b, h)
+                        self.map_epoch += 1
                     ref[b] = 1
                     s.blocks.append(b)
                 else:
@@ -637,13 +679,15 @@ class PagedManager(KVManager):
                         cached[key] = b
                     s.num_cached_blocks = j + 1
                     self.map_epoch += 1
+        if num_popped != num_pops:
+            raise InvariantError(f"vllm: fast_forward popped {num_pops} blocks but used {num_popped}")
         for s in self.running:
             s.num_computed += k
             s.num_output += k
 
     def _pop_free(self) -> int:
         """One block from the head of the free queue, its cached content evicted."""
-        (b,), (k,) = self.free.popleft_n(1)
+        b, k = self.free.popleft()
         if k is not None:
             self.num_hashed_free -= 1
             self._evict(b, k)
