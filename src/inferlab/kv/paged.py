@@ -24,7 +24,8 @@ hybrid (sliding-window, Mamba) managers, hash granularity finer than a block (0.
 
 Block hashes: the key of a block inside one run of consecutive ids is
 ``hash((key of the block before the run, first id of the run's first full block)) + offset``;
-a block that spans runs hashes ``(parent key, its explicit ids)``. Both are functions of the
+a block that spans runs hashes ``(parent key, its ids as canonical runs)`` (a request's runs
+are canonical, so equal ids give equal runs). Both are functions of the
 whole prefix, like vLLM's chained hashes, and like vLLM's they are trusted not to collide
 (64-bit; a stretch of a few thousand consecutive keys per run).
 """
@@ -38,7 +39,7 @@ from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError
 from .simulator import InvariantError, KVManager, Seq, StepStats
-from .tokens import expand, slice_runs
+from .tokens import slice_runs
 
 VLLM_VERSIONS = ("0.11", "0.33")
 NONE_HASH = hash(("vllm-none-hash",))
@@ -61,7 +62,7 @@ def block_keys(runs, block_size: int) -> list[int]:
                 j += cnt
             else:  # a block that began in an earlier run
                 parent = keys[j - 1] if j else NONE_HASH
-                keys.append(hash((parent, tuple(expand(slice_runs(runs, lo, lo + block_size))))))
+                keys.append(hash((parent, slice_runs(runs, lo, lo + block_size))))  # (canonical runs)
                 j += 1
         pos = end
     return keys
@@ -300,7 +301,7 @@ class PagedManager(KVManager):
             hits = memo[2]
         else:
             cached = self.cached
-            hits = [cached[k] for k in takewhile(cached.__contains__, islice(self._keys(seq), n))]  # to the first miss
+            hits = list(map(cached.__getitem__, takewhile(cached.__contains__, islice(self._keys(seq), n))))  # to the first miss
             seq.lookup_memo = (self.map_epoch, n, hits)
         if self.version == "0.11":  # 0.11 records every lookup, retries included
             self.queries += seq.num_tokens
@@ -337,7 +338,7 @@ class PagedManager(KVManager):
             total = min(total, self.max_model_len)
         need = max(-(-total // bs) - len(seq.blocks) - len(hits), 0)
         ref = self.ref
-        free_hits = [ref[b] for b in hits].count(0) if hits else 0  # hit blocks still in the free queue
+        free_hits = list(map(ref.__getitem__, hits)).count(0) if hits else 0  # hit blocks still in the free queue
         avail = len(self.free)
         check = need
         if admitting and self.version == "0.33":
@@ -428,12 +429,23 @@ class PagedManager(KVManager):
         keys = self._keys(seq) if nc else []
         # Usually the blocks other requests still use form a prefix (shared hits, a common system
         # prompt): those only lose a reference; every later block becomes free. When no block in
-        # the pool is shared, that prefix is empty without looking.
+        # the pool is shared, that prefix is empty without looking; when the prefix's references
+        # beyond the first are all the pool has (num_extra_refs), no later block is shared either
+        # (a request holds a block once), so only the prefix is read.
         shared, bulk = 0, True
         if self.num_extra_refs:
-            refs = itemgetter(*blocks)(ref) if len(blocks) > 1 else [ref[b] for b in blocks]  # (C loop)
-            shared = refs.index(1) if 1 in refs else len(blocks)
-            bulk = shared <= nc and refs.count(1) == len(refs) - shared  # (held blocks have ref >= 1)
+            extra = 0
+            for b in blocks:
+                r = ref[b]
+                if r == 1:
+                    break
+                extra += r - 1
+                shared += 1
+            if extra != self.num_extra_refs:  # shared blocks further on: read every count
+                refs = itemgetter(*blocks)(ref) if len(blocks) > 1 else [ref[b] for b in blocks]  # (C loop)
+                bulk = shared <= nc and refs.count(1) == len(refs) - shared  # (held blocks have ref >= 1)
+            else:
+                bulk = shared <= nc
         if bulk:
             if shared:
                 for b in blocks[:shared]:
@@ -628,8 +640,8 @@ class PagedManager(KVManager):
         k = min(s.out_len - s.num_output for s in running) - 1  # nobody finishes
         if self.max_model_len is not None:
             k = min(k, min(self.max_model_len - s.num_computed for s in running) - 1)
+        c = [s.num_computed for s in running]
         while k >= 2:  # enough free blocks for every new block in k steps: no preemption
-            c = [s.num_computed for s in running]
             need = sum((x + k - 1) // bs - (x - 1) // bs for x in c)
             if need <= self.num_free:
                 break
