@@ -112,6 +112,25 @@ def test_bad_options():
 
 
 @pytest.mark.slow
+def per_block_free(self, seq):
+    """vLLM's ``free`` block by block, tail first: 0.11 appends every freed block, 0.33 pushes
+    unhashed blocks to the head (the reference for PagedManager._free_seq's bulk paths)."""
+    keys = self._keys(seq)
+    for i in reversed(range(len(seq.blocks))):
+        b = seq.blocks[i]
+        self.ref[b] -= 1
+        self.num_extra_refs -= self.ref[b] > 0  # another request still holds it
+        if self.ref[b] == 0:
+            hashed = i < seq.num_cached_blocks  # hits, then the blocks it registered
+            if not hashed and self.version == "0.33":
+                self.free.prepend_n([b])
+            else:
+                self.free.append_n([b], [keys[i] if hashed else None])
+                self.num_hashed_free += hashed
+    seq.blocks = []
+    seq.num_cached_blocks = 0
+
+
 def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
     # _free_seq frees in bulk; this reference frees block by block, tail first: 0.11 appends
     # every freed block, 0.33 pushes unhashed blocks to the head. Same records under eviction.
@@ -121,22 +140,6 @@ def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
     if not trace.exists():
         pytest.skip("traces not present")
 
-    def per_block_free(self, seq):
-        keys = self._keys(seq)
-        for i in reversed(range(len(seq.blocks))):
-            b = seq.blocks[i]
-            self.ref[b] -= 1
-            self.num_extra_refs -= self.ref[b] > 0  # another request still holds it
-            if self.ref[b] == 0:
-                hashed = i < seq.num_cached_blocks  # hits, then the blocks it registered
-                if not hashed and self.version == "0.33":
-                    self.free.prepend_n([b])
-                else:
-                    self.free.append_n([b], [keys[i] if hashed else None])
-                    self.num_hashed_free += hashed
-        seq.blocks = []
-        seq.num_cached_blocks = 0
-
     reqs = load_mooncake(trace, limit=120)
     for version in ("0.33", "0.11"):
         bulk = simulate(reqs, PagedManager(capacity_tokens=40000, version=version), record_timeline=False)
@@ -145,6 +148,67 @@ def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
         ref = simulate(reqs, m, record_timeline=False, check_invariants=True)
         assert bulk.requests == ref.requests
         assert bulk.summary["preemptions"] > 0  # the pool was tight enough to evict and preempt
+
+
+def test_bulk_free_matches_the_per_block_rule_with_sharing_elsewhere():
+    # Prompts drawn from a few shared stems, chunked by a tiny budget: requests are often freed
+    # while other requests share blocks outside the freed one's table, so _free_seq's prefix
+    # shortcut does not apply (about a third of the frees) and it reads every count; the result
+    # must equal vLLM's block-by-block free.
+    import random
+
+    for seed in range(30):
+        rng = random.Random(seed)
+        stems = [ids(1000 * k, rng.randint(4, 24)) for k in range(3)]
+        reqs = []
+        for n in range(14):
+            prompt = [t for k in rng.sample(range(3), rng.randint(1, 3)) for t in stems[k]]
+            reqs.append(Request(f"r{n}", n // 3, prompt + ids(50_000 + 100 * n, rng.randint(0, 6)), rng.randint(1, 9)))
+        for version in ("0.33", "0.11"):
+            kw = dict(capacity_tokens=rng.choice((96, 160, 400)), block_size=4, max_num_batched_tokens=6,
+                      version=version)
+            bulk = simulate(reqs, PagedManager(**kw), check_invariants=True, record_timeline=False)
+            m = PagedManager(**kw)
+            m._free_seq = per_block_free.__get__(m)
+            ref = simulate(reqs, m, check_invariants=True, record_timeline=False)
+            assert bulk.requests == ref.requests
+
+
+def test_free_keeps_shared_blocks_that_are_not_a_prefix():
+    # No de-duplication: "a" and "a2" compute the same 3 blocks; with the map pointing at a2's
+    # first block and a's second, "b" hits [a2[0], a[1]]. Freeing "a" must keep a[1] (b holds
+    # it) although a[0] is not shared: _free_seq's prefix shortcut does not apply, and the
+    # result must be vLLM's block-by-block free.
+    from inferlab.kv.simulator import Seq
+
+    def build(per_block):
+        m = PagedManager(capacity_tokens=64 * 16)
+        if per_block:
+            m._free_seq = per_block_free.__get__(m)
+        a, a2, b = (Seq(Request(n, 0, ids(0, 48), 4), k) for k, n in enumerate(("a", "a2", "b")))
+        for s in (a, a2):
+            s.blocks, s.num_cached_blocks = [], 0
+            assert m._allocate(s, 48, admitting=True)
+            s.num_computed = 48
+        k0 = m._keys(a)[0]
+        assert m.cached[k0] == a.blocks[0] and m.dups[k0] == [a2.blocks[0]]
+        m.cached[k0], m.dups[k0] = a2.blocks[0], [a.blocks[0]]  # a2's copy registered first
+        b.blocks, b.num_cached_blocks = [], 0
+        assert m._lookup(b) == [a2.blocks[0], a.blocks[1]]  # 47 // 16 = 2 blocks looked up
+        assert m._allocate(b, 16, m._lookup(b), admitting=True)
+        b.num_computed = 48
+        m.running = [a, a2, b]
+        m.check_invariants()
+        held = a.blocks[1]
+        m._free_seq(a)
+        m.running.remove(a)
+        m.check_invariants()
+        return m, held
+
+    bulk, held = build(False)
+    ref, _ = build(True)
+    assert bulk.ref[held] == 1 and held not in bulk.free_queue()
+    assert bulk.free.items() == ref.free.items() and bulk.ref == ref.ref
 
 
 def test_free_block_queue_matches_a_plain_list_under_random_operations():
