@@ -19,6 +19,7 @@ from dataclasses import replace
 from functools import cache
 from importlib import resources
 
+from .errors import UnknownNameError
 from .hardware.device import Machine
 from .models.spec import ModelSpec
 from .placement import place
@@ -140,6 +141,20 @@ def CALIBRATED() -> SpeedModel:  # noqa: N802 (a constant built lazily)
         attention_flops=True,
         pcie_eff=0.8,
     )
+
+
+SPEED_MODELS = ("calibrated", "lesson")
+
+
+def speed_model(speed: str | SpeedModel) -> SpeedModel:
+    """A SpeedModel by name ("calibrated": CALIBRATED(), "lesson": LESSON), or the one given."""
+    if isinstance(speed, SpeedModel):
+        return speed
+    if speed == "calibrated":
+        return CALIBRATED()
+    if speed == "lesson":
+        return LESSON
+    raise UnknownNameError("speed model", speed, SPEED_MODELS)
 
 
 def validation_table(speed: SpeedModel | None = None) -> list[dict]:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import NamedTuple
 
 from .errors import InvalidValueError
 from .hardware.device import Device, Machine
 from .kv_size import kv_bytes_per_value, swa_cache_tokens
 from .models.spec import ModelSpec
-from .quant.plan import resolve_quant, tensor_plan
+from .quant.plan import plan_memo, resolve_quant, tensor_plan
 
 MiB = 2**20
 GB = 1e9
@@ -58,23 +57,11 @@ class _Prefix:
 
 
 def _prefix(model: ModelSpec, quant) -> _Prefix:
-    if quant is None:  # a file's own tensors: ModelSpec equality ignores them, so key by the table
-        key = id(model.tensors)
-        hit = _FILE_PREFIXES.get(key)
-        if hit is None or hit[0] is not model.tensors:
-            hit = _FILE_PREFIXES[key] = (model.tensors, _compute_prefix(model, None))
-            if len(_FILE_PREFIXES) > 64:  # the table is kept alive while its entry is: ids stay unique
-                del _FILE_PREFIXES[next(iter(_FILE_PREFIXES))]
-        return hit[1]
-    return _quant_prefix(model, quant)
-
-
-_FILE_PREFIXES: dict[int, tuple[tuple, _Prefix]] = {}
-
-
-@lru_cache(maxsize=2048)
-def _quant_prefix(model: ModelSpec, quant) -> _Prefix:
-    return _compute_prefix(model, quant)
+    memo = plan_memo(model, quant)  # cached with the plan (a file's: by its own tensor table)
+    pre = memo.get("placement")
+    if pre is None:
+        pre = memo["placement"] = _compute_prefix(model, quant)
+    return pre
 
 
 def _compute_prefix(model: ModelSpec, quant) -> _Prefix:
@@ -483,38 +470,28 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
     # the split shares matter only between several GPUs (-ts, default proportional to memory)
     shares = tuple(tensor_split) if tensor_split else (tuple(g.memory_gb for g in gpus) if len(gpus) > 1 else (1.0,) * len(gpus))
     layout = _layout(pre, model.n_layers, ngl, order, shares, n_cpu_moe, no_kv_offload)
-    b_kv = _kv_bytes_per_value(kv_type) if isinstance(kv_type, str) else kv_bytes_per_value(kv_type)
+    b_kv = kv_bytes_per_value(kv_type)
     swa_cells = swa_cache_tokens(model, n_ctx, n_seq, n_ubatch) if model.swa_layers else n_ctx
     cb_ffn = compute_buffer_bytes(model, n_ubatch, False)
     buffer_bytes = (0.0, cb_ffn, cb_ffn + n_ubatch * 4 * model.vocab_size)  # none, FFN, FFN + f32 logits
     make = tuple.__new__  # DeviceUse(...) without the keyword-handling constructor: placements are hot
     devs = []
-    reasons = []
-    need_all = 0.0
     for d, s in enumerate(layout):
-        kv_bytes = (s.kv_full_values * n_ctx + s.kv_swa_values * swa_cells) * b_kv  # values per token x cells x bytes per value
-        cb = buffer_bytes[s.buffers]
-        need = s.weights_bytes + kv_bytes + cb
-        need_all += need
         if d == 0:
             name, kind, cap = machine.ram.name, "cpu", machine.ram.memory_gb * GB
         else:
             g = gpus[d - 1]
             name, kind, cap = g.name, "gpu", gpu_capacity_bytes(g, machine)
-            if cap - need < fit_target:
-                reasons.append(f"{name} needs {need / GB:.2f} GB but has {cap / GB:.2f} GB (keeping a {fit_target / MiB:.0f} MiB margin)")
-        devs.append(make(DeviceUse, (name, kind, cap, s.weights_bytes, kv_bytes, cb, s.n_blocks, s.has_output,
+        kv_bytes = (s.kv_full_values * n_ctx + s.kv_swa_values * swa_cells) * b_kv  # values per token x cells x bytes per value
+        devs.append(make(DeviceUse, (name, kind, cap, s.weights_bytes, kv_bytes, buffer_bytes[s.buffers], s.n_blocks, s.has_output,
                                      s.dense_read_bytes, s.expert_bytes, s.kv_full_values * b_kv, s.kv_swa_values * b_kv,
                                      s.flops_per_token, s.attn_flops_per_token_ctx)))
+    reasons = [f"{d.name} needs {d.total_bytes / GB:.2f} GB but has {d.capacity_bytes / GB:.2f} GB "
+               f"(keeping a {fit_target / MiB:.0f} MiB margin)" for d in devs[1:] if d.free_bytes < fit_target]
     host_cap = machine.ram.memory_gb * GB
-    host_need = need_all if machine.unified else devs[0].total_bytes
+    host_need = sum(d.total_bytes for d in devs) if machine.unified else devs[0].total_bytes
     if host_need > host_cap:
         reasons.append(f"host memory needs {host_need / GB:.2f} GB but has {host_cap / GB:.2f} GB "
                        "(with mmap llama.cpp still starts, paging weights from disk at drive speed)")
     return Placement(model, machine, label, n_ctx, kv_type, ngl, tuple(devs), not reasons, "; ".join(reasons),
                      auto=auto, ctx_reduced=ctx_reduced, unified=machine.unified, scheme=scheme)
-
-
-@lru_cache(maxsize=64)
-def _kv_bytes_per_value(kv_type: str) -> float:
-    return kv_bytes_per_value(kv_type)

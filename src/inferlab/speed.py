@@ -75,18 +75,17 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
     "cpu-kernels" when the CPU's dequantize-and-dot throughput, not its memory, limits it) and
     bottleneck (a sentence).
     """
-    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
-        _check_ctx("context", context)
+    _check_ctx("context", context)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidValueError(f"batch must be an integer >= 1, got {batch!r}")
     spec = placement.model
-    frac = expert_read_fraction(spec.n_experts, spec.n_experts_used, batch) if spec.n_experts else 0.0
+    frac = expert_read_fraction(spec.n_experts, spec.n_experts_used, batch)
     swa_ctx = min(context, spec.sliding_window or context)  # sliding-window layers read at most the window
     cpu_rate = model.cpu_decode_rate
     per = []
     total = 0.0
     slow = None
-    for d, hw in zip(placement.devices, (machine.ram, *machine.gpus)):
+    for d, hw in zip(placement.devices, _hw(placement, machine)):
         weights = d.dense_read_bytes + d.expert_bytes * frac  # weights read once for the whole batch
         kv = batch * (d.kv_full_bytes_per_token * context + d.kv_swa_bytes_per_token * swa_ctx)  # every sequence reads its own cache
         bytes_ = weights + kv
@@ -94,16 +93,16 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
             p = {"device": d.name, "kind": d.kind, "s": 0.0, "bytes": 0.0, "weights_bytes": 0.0, "kv_bytes": 0.0,
                  "memory_s": 0.0, "compute_s": 0.0, "overhead_s": 0.0, "bound": "memory"}
         else:
-            bw = hw.bandwidth_gbs * 1e9 * model.eta(hw)
+            bw = hw.bandwidth_bytes_per_s * model.eta(hw)
             kernel_bound = False
-            if cpu_rate is not None and weights and hw.backend == "cpu":
+            if cpu_rate is not None and weights and hw.is_cpu:
                 rate = cpu_rate(hw, placement)  # dequantize-and-dot throughput of the cores
                 kernel_bound = rate < bw
                 bw = min(bw, rate)
             mem_s = bytes_ / bw
             flops = batch * (d.flops_per_token + d.attn_flops_per_token_ctx * context)
-            comp_s = flops / (hw.fp16_tflops * 1e12 * model.decode_compute_eff)
-            over = model.layer_overhead_s.get(hw.backend, 0.0) * d.n_blocks if model.layer_overhead_s else 0.0
+            comp_s = flops / (hw.fp16_flops * model.decode_compute_eff)
+            over = model.layer_overhead_s.get(hw.backend, 0.0) * d.n_blocks
             t = max(mem_s, comp_s) + over if (bytes_ or flops) else 0.0
             p = {"device": d.name, "kind": d.kind, "s": t, "bytes": bytes_, "weights_bytes": weights, "kv_bytes": kv,
                  "memory_s": mem_s, "compute_s": comp_s, "overhead_s": over,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from inferlab.errors import InvalidValueError
+from inferlab.errors import InvalidValueError, UnknownNameError
 from inferlab.kv.time_model import TimeModel
 from inferlab.kv_managers import PagedManager, RadixManager, Request, simulate
 
@@ -47,7 +47,7 @@ def test_from_perf_model_uses_the_performance_model():
     assert tm.step_time(0, 4, 4000) == pytest.approx(pm.decode_step_time(p, machine, 1024, batch=4, model=CALIBRATED())["total_s"])
     assert lesson.step_time(0, 4, 4000) == pytest.approx(pm.decode_step_time(p, machine, 1024, batch=4)["total_s"])
     assert tm.step_time(0, 4, 4000) != lesson.step_time(0, 4, 4000)
-    with pytest.raises(InvalidValueError, match="speed must be"):
+    with pytest.raises(UnknownNameError, match="speed model"):
         TimeModel.from_perf_model("llama-3.1-8b", "rtx4090", speed="fast")
     run = simulate([Request(i, 0.01 * i, list(range(i, i + 300)), 20) for i in range(8)],
                    RadixManager(capacity_tokens=8192), time_model=tm)

@@ -27,10 +27,10 @@ GB = 1e9
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def fit(model, machine_name, quant, n_ctx, kv_type, n_gpu_layers, n_cpu_moe, context, n_prompt, speed_name, order, as_json):
     """Does MODEL fit on a machine, where do its bytes live, and how fast will it run?"""
-    from ..calibration import CALIBRATED
+    from ..calibration import speed_model
     from ..placement import place
     from ..quant.plan import effective_bpw, resolve_quant, weight_bytes
-    from ..speed import LESSON, decode_step_time, prefill_time
+    from ..speed import decode_step_time, prefill_time
 
     spec = resolve_model(model)
     machine = resolve_machine(machine_name, lesson=speed_name == "lesson")
@@ -38,7 +38,7 @@ def fit(model, machine_name, quant, n_ctx, kv_type, n_gpu_layers, n_cpu_moe, con
         q = None if spec.tensors is not None else resolve_quant("Q4_K_M")
     else:
         q = resolve_quant(quant if ":" in quant else "preset:" + quant) if _is_preset(quant) else resolve_quant(quant)
-    speed = LESSON if speed_name == "lesson" else CALIBRATED()
+    speed = speed_model(speed_name)
     p = place(spec, machine, q, n_ctx, kv_type, n_gpu_layers, n_cpu_moe=n_cpu_moe, order=order)
     ctx_at = context if context is not None else min(p.n_ctx // 2, 4096)
     d = decode_step_time(p, machine, min(ctx_at, p.n_ctx), 1, speed)

@@ -68,19 +68,10 @@ class TimeModel:
             from .. import perf_model as pm
         except ImportError as exc:  # the lead's module; absent in early checkouts
             raise MissingDependencyError("inferlab.perf_model", "a time model from the performance model") from exc
+        from ..calibration import speed_model
         from .pool import resolve_model_machine
 
-        from ..speed import LESSON, SpeedModel
-
-        if isinstance(speed, str) and speed in ("calibrated", "lesson"):
-            if speed == "calibrated":
-                from ..calibration import CALIBRATED
-
-                speed = CALIBRATED()
-            else:
-                speed = LESSON
-        elif not isinstance(speed, SpeedModel):
-            raise InvalidValueError(f"speed must be 'calibrated', 'lesson' or a SpeedModel, got {speed!r}")
+        speed = speed_model(speed)
         model, machine = resolve_model_machine(model, machine)
         placement = pm.place(model, machine, quant, n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers)
 

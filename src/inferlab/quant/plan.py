@@ -24,8 +24,8 @@ from .rules import Prepared, layer_of, plan_types, prepare, requires_imatrix
 from .types import ggml_types
 
 # Preset, PureType and resolve_quant are re-exported: callers name quants through this module
-__all__ = ["LayerBytes", "PlanEntry", "Preset", "PureType", "effective_bpw", "layer_bytes", "resolve_quant",
-           "tensor_plan", "weight_bytes"]
+__all__ = ["LayerBytes", "PlanEntry", "Preset", "PureType", "effective_bpw", "layer_bytes", "plan_memo",
+           "resolve_quant", "tensor_plan", "weight_bytes"]
 
 
 class PlanEntry(NamedTuple):
@@ -149,19 +149,27 @@ _SUMMARIES = {"breakdown": lambda plan, m: _breakdown(plan), "bpw": lambda plan,
               "layers": lambda plan, m: _layer_bytes(plan, m.n_layers)}
 
 
-def _summary(model: ModelSpec, quant, what: str):
+def plan_memo(model: ModelSpec, quant: Preset | PureType | None) -> dict:
+    """A dict that lives as long as the plan of (model, quant) is cached, for sums derived from
+    it (the summaries here, placement's prefix sums), keyed by their owner. A file's own plan
+    (quant None) is keyed by its tensor table, which ModelSpec equality ignores."""
     if quant is None:
-        plan = tensor_plan(model, None)
-        cached = _FILE_PLANS[id(model.tensors)][2]  # per-file summaries
-        if what not in cached:
-            cached[what] = _SUMMARIES[what](plan, model)
-        return cached[what]
-    return _cached_summary(model, resolve_quant(quant), what)
+        tensor_plan(model, None)  # makes sure the file's entry exists
+        return _FILE_PLANS[id(model.tensors)][2]
+    return _quant_memo(model, quant)
 
 
-@lru_cache(maxsize=16384)
-def _cached_summary(model: ModelSpec, quant: Preset | PureType, what: str):
-    return _SUMMARIES[what](_plan(model, quant), model)
+@lru_cache(maxsize=4096)
+def _quant_memo(model: ModelSpec, quant: Preset | PureType) -> dict:
+    return {}
+
+
+def _summary(model: ModelSpec, quant, what: str):
+    q = resolve_quant(quant) if quant is not None else None
+    memo = plan_memo(model, q)
+    if what not in memo:
+        memo[what] = _SUMMARIES[what](tensor_plan(model, q), model)
+    return memo[what]
 
 
 def _breakdown(plan: tuple[PlanEntry, ...]) -> tuple[tuple[str, int], ...]:
