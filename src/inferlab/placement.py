@@ -14,13 +14,15 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple
 
 from .errors import InvalidValueError
 from .hardware.device import Device, Machine
 from .kv_size import kv_bytes_per_value, swa_cache_tokens
 from .models.spec import ModelSpec
-from .quant.plan import plan_memo, resolve_quant, tensor_plan
+from .models.inventory import block_roles, global_tensors
+from .quant.plan import layer_bytes, plan_memo, resolve_quant, tensor_plan
 
 MiB = 2**20
 GB = 1e9
@@ -65,7 +67,61 @@ def _prefix(model: ModelSpec, quant) -> _Prefix:
 
 
 def _compute_prefix(model: ModelSpec, quant) -> _Prefix:
-    plan = tensor_plan(model, quant)
+    if quant is None:
+        return _file_prefix(model)
+    # a planned file: bytes per block from the plan's sums, the rest from the model alone
+    lb = layer_bytes(model, quant)
+    static = _model_sums(model)
+    # the output head is token_embd itself when tied: read every step, and copied (TENSOR_DUPLICATED)
+    # only when the output layer lives on another device than the host
+    tied = float(lb.token_embd) if model.tied_embeddings else 0.0
+    return _Prefix(float(lb.token_embd), float(lb.output + lb.other), tied, static.output_params, _cumsum(lb.layers),
+                   _cumsum(lb.layer_experts), static.active_params, static.kv_full, static.kv_swa, static.attn_flops)
+
+
+class _ModelSums(NamedTuple):
+    """The prefix sums that do not depend on the quant (see _Prefix)."""
+
+    output_params: float
+    active_params: tuple[float, ...]
+    kv_full: tuple[float, ...]
+    kv_swa: tuple[float, ...]
+    attn_flops: tuple[float, ...]
+
+
+@lru_cache(maxsize=1024)
+def _model_sums(model: ModelSpec) -> _ModelSums:
+    n = model.n_layers
+    used = model.n_experts_used / model.n_experts if model.is_moe else 1.0
+    active = []
+    for i in range(n):
+        acc = 0.0
+        for t in block_roles(model, i):
+            n_elements = math.prod(t.shape)
+            acc += n_elements * used if t.is_expert else n_elements  # a token reaches n_used of n_experts
+        active.append(acc)
+    head, tail = global_tensors(model)
+    out_params = 0.0
+    for t in (*head, *tail):
+        if t.name == "output.weight":
+            out_params += t.n_elements
+    if model.tied_embeddings:
+        out_params += next(t for t in head if t.name == "token_embd.weight").n_elements
+    return _ModelSums(out_params, _cumsum(active), *_context_sums(model))
+
+
+def _context_sums(model: ModelSpec):
+    """Prefix sums of KV values per token (full-attention and sliding-window blocks) and attention FLOPs."""
+    n = model.n_layers
+    kv = [model.kv_elements_per_token(i) for i in range(n)]
+    swa = [model.layer_is_swa(i) for i in range(n)]
+    return (_cumsum(0 if w else k for k, w in zip(kv, swa)), _cumsum(k if w else 0 for k, w in zip(kv, swa)),
+            _cumsum(_attn_flops_per_ctx(model, i) for i in range(n)))
+
+
+def _file_prefix(model: ModelSpec) -> _Prefix:
+    """A file's own tensors, which may differ from the inventory (other names, extra tensors)."""
+    plan = tensor_plan(model, None)
     n = model.n_layers
     block, expert, active = [0.0] * n, [0.0] * n, [0.0] * n
     embd = out = out_params = 0.0
@@ -87,16 +143,10 @@ def _compute_prefix(model: ModelSpec, quant) -> _Prefix:
             active[t.layer] += t.n_elements
     tied = 0.0
     if model.tied_embeddings:
-        # the output head is token_embd itself: read every step, and copied (TENSOR_DUPLICATED)
-        # only when the output layer lives on another device than the host
         emb = next(t for t in plan if t.name == "token_embd.weight")
         tied = float(emb.n_bytes)
         out_params += emb.n_elements
-    kv = [model.kv_elements_per_token(i) for i in range(n)]
-    swa = [model.layer_is_swa(i) for i in range(n)]
-    return _Prefix(embd, out, tied, out_params, _cumsum(block), _cumsum(expert), _cumsum(active),
-                   _cumsum(0 if w else k for k, w in zip(kv, swa)), _cumsum(k if w else 0 for k, w in zip(kv, swa)),
-                   _cumsum(_attn_flops_per_ctx(model, i) for i in range(n)))
+    return _Prefix(embd, out, tied, out_params, _cumsum(block), _cumsum(expert), _cumsum(active), *_context_sums(model))
 
 
 class DeviceUse(NamedTuple):

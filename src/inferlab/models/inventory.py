@@ -30,34 +30,58 @@ def tensor_inventory(spec: ModelSpec) -> tuple[TensorShape, ...]:
     return _inventory(spec)
 
 
+class BlockTensor(NamedTuple):
+    """One tensor of a block by its role: its name without the "blk.N." prefix."""
+
+    role: str  # e.g. "attn_q.weight"
+    shape: tuple[int, ...]  # GGUF ne[]
+    is_expert: bool = False
+
+
+def block_roles(spec: ModelSpec, i: int) -> tuple[BlockTensor, ...]:
+    """Block i's tensors, in the converter's order. Blocks of one kind (dense or MoE) hold the same
+    roles and shapes; only the block index in their names differs."""
+    return _block_roles(spec, spec.layer_is_moe(i))
+
+
+@lru_cache(maxsize=512)
+def global_tensors(m: ModelSpec) -> tuple[tuple[TensorShape, ...], tuple[TensorShape, ...]]:
+    """The tensors written before the blocks (token_embd, rope tables) and after them (output_norm, output)."""
+    E, V = m.d_model, m.vocab_size
+    head: list[TensorShape] = [TensorShape("token_embd.weight", (E, V))]
+    if m.rope_freqs:
+        head.append(TensorShape("rope_freqs.weight", (m.head_dim // 2,)))
+    if m.rope_factors:
+        head.append(TensorShape("rope_factors_long.weight", (m.head_dim // 2,)))
+        head.append(TensorShape("rope_factors_short.weight", (m.head_dim // 2,)))
+    tail = [TensorShape("output_norm.weight", (E,))]
+    if not m.tied_embeddings:
+        tail.append(TensorShape("output.weight", (E, V)))
+    return tuple(head), tuple(tail)
+
+
 @lru_cache(maxsize=512)
 def _inventory(m: ModelSpec) -> tuple[TensorShape, ...]:
-    E, V = m.d_model, m.vocab_size
-    out: list[TensorShape] = [TensorShape("token_embd.weight", (E, V))]
-    if m.rope_freqs:
-        out.append(TensorShape("rope_freqs.weight", (m.head_dim // 2,)))
-    if m.rope_factors:
-        out.append(TensorShape("rope_factors_long.weight", (m.head_dim // 2,)))
-        out.append(TensorShape("rope_factors_short.weight", (m.head_dim // 2,)))
+    head, tail = global_tensors(m)
+    out: list[TensorShape] = list(head)
     for i in range(m.n_layers):
-        out.extend(_block(m, i))
-    out.append(TensorShape("output_norm.weight", (E,)))
-    if not m.tied_embeddings:
-        out.append(TensorShape("output.weight", (E, V)))
+        p = f"blk.{i}."
+        out.extend([TensorShape(p + t.role, t.shape, i, t.is_expert) for t in block_roles(m, i)])
+    out.extend(tail)
     return tuple(out)
 
 
-def _block(m: ModelSpec, i: int) -> list[TensorShape]:
+@lru_cache(maxsize=1024)
+def _block_roles(m: ModelSpec, moe: bool) -> tuple[BlockTensor, ...]:
     E = m.d_model
     q_dim = m.n_heads * m.head_dim  # all query heads
     kv_dim = m.n_kv_heads * m.head_dim  # all key heads
     v_dim = m.n_kv_heads * m.head_dim_v  # all value heads
     o_in = m.n_heads * m.head_dim_v  # attention output before the output projection
-    p = f"blk.{i}."
-    t: list[TensorShape] = []
+    t: list[BlockTensor] = []
 
-    def add(name: str, *shape: int, expert: bool = False) -> None:
-        t.append(TensorShape(p + name, tuple(shape), i, expert))
+    def add(role: str, *shape: int, expert: bool = False) -> None:
+        t.append(BlockTensor(role, tuple(shape), expert))
 
     add("attn_norm.weight", E)
     # --- attention ---
@@ -100,7 +124,7 @@ def _block(m: ModelSpec, i: int) -> list[TensorShape]:
         add("post_attention_norm.weight", E)  # gpt-oss names its pre-FFN norm this way
     else:
         add("ffn_norm.weight", E)
-    if m.layer_is_moe(i):
+    if moe:
         X, F = m.n_experts, m.d_ff_expert
         add("ffn_gate_inp.weight", E, X)  # router
         if m.expert_bias:
@@ -129,4 +153,4 @@ def _block(m: ModelSpec, i: int) -> list[TensorShape]:
         add("ffn_down.weight", m.d_ff, E)
     if m.post_norms:
         add("post_ffw_norm.weight", E)
-    return t
+    return tuple(t)

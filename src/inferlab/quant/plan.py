@@ -7,6 +7,8 @@ from llama-quantize's rules (quant.rules). A model read from a GGUF file carries
 tensor table: ``quant=None`` returns that, naming a quant asks what the same model would be at it.
 
 Plans are cached per (model, quant): ModelSpec, Preset and PureType are frozen and hashable.
+A plan is first a type and a byte count per tensor (``_sizes``), from which layer_bytes (what
+placement sweeps over) is summed; the PlanEntry records are made only when tensor_plan is asked.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from ..errors import InvalidValueError
-from ..models.inventory import tensor_inventory
+from ..models.inventory import block_roles, global_tensors, tensor_inventory
 from ..models.spec import ModelSpec
 from .presets import Preset, PureType, resolve_quant
-from .rules import Prepared, layer_of, plan_types, prepare, requires_imatrix
+from .rules import Prepared, assign_types, layer_of, prepare_blocks, requires_imatrix
 from .types import ggml_types
 
 # Preset, PureType and resolve_quant are re-exported: callers name quants through this module
@@ -90,36 +92,70 @@ def layer_bytes(model: ModelSpec, quant: str | Preset | PureType | None = None) 
 
 # --- cached work --------------------------------------------------------------------------------
 
+class _Skeleton(NamedTuple):
+    """A model's tensors as the rules and the byte sums need them, one entry per tensor in the
+    inventory's order, built from each block kind's roles rather than from every tensor's name."""
+
+    prep: Prepared  # categories, quantizability, visiting order, block index, shape
+    ncols: tuple[int, ...]  # row length (ne[0])
+    rows: tuple[int, ...]  # rows: weights / row length
+    starts: tuple[int, ...]  # index of block i's first tensor, for i = 0 … n_layers (the last: the first after the blocks)
+    experts: tuple[tuple[int, ...], ...]  # per block, the indices of its routed-expert tensors
+    outside: tuple[tuple[str, int], ...]  # (name, index) of the tensors outside the blocks
+
+
 @lru_cache(maxsize=1024)
-def _inventory(model: ModelSpec) -> tuple[tuple, Prepared, tuple[tuple, ...]]:
-    """The model's tensors, what the rules precompute on them, and per tensor what a plan entry
-    repeats: (name, shape, weights, row length, rows, block index, is_expert)."""
-    tensors = tensor_inventory(model)
+def _skeleton(model: ModelSpec) -> _Skeleton:
+    head, tail = global_tensors(model)
+    kinds: dict[int, int] = {}  # id of a block's role tuple (cached in models.inventory) -> kind
+    roles, kind_of_block = [], []
+    for i in range(model.n_layers):
+        r = block_roles(model, i)
+        if id(r) not in kinds:
+            kinds[id(r)] = len(roles)
+            roles.append(r)
+        kind_of_block.append(kinds[id(r)])
+    prep = prepare_blocks(head, roles, kind_of_block, tail)
+    ncols = [s[0] for s in prep.shapes]
     rows = []
-    for t in tensors:
-        n = t.n_elements
-        rows.append((t.name, t.shape, n, t.shape[0], n // t.shape[0], t.layer, t.is_expert))
-    return tensors, prepare(tensors), tuple(rows)
+    for s in prep.shapes:
+        n = 1
+        for d in s[1:]:
+            n *= d
+        rows.append(n)  # weights / row length
+    starts, experts = [len(head)], []
+    kind_experts = [tuple(j for j, t in enumerate(r) if t.is_expert) for r in roles]
+    for k in kind_of_block:
+        experts.append(tuple(starts[-1] + j for j in kind_experts[k]))
+        starts.append(starts[-1] + len(roles[k]))
+    glob = [(t.name, j) for j, t in enumerate(head)] + [(t.name, starts[-1] + j) for j, t in enumerate(tail)]
+    return _Skeleton(prep, tuple(ncols), tuple(rows), tuple(starts), tuple(experts), tuple(glob))
+
+
+@lru_cache(maxsize=4096)
+def _sizes(model: ModelSpec, quant: Preset | PureType) -> tuple[list[str], list[int]]:
+    """The type and the bytes of every tensor, in the inventory's order."""
+    sk = _skeleton(model)
+    imatrix = bool(quant.imatrix) if isinstance(quant, Preset) else False
+    types = assign_types(sk.prep, model, quant, imatrix=imatrix)
+    if (isinstance(quant, Preset) and quant.imatrix is None and quant.name in _MAY_NEED_IMATRIX
+            and requires_imatrix(tensor_inventory(model), types, quant.name)):
+        # llama-quantize refuses this preset without an importance matrix: plan the file made with one
+        types = assign_types(sk.prep, model, quant, imatrix=True)
+    table = ggml_types()
+    block_size = {ty: table[ty].block_size for ty in set(types)}
+    type_size = {ty: table[ty].type_size for ty in block_size}
+    # bytes = whole blocks per row x bytes per block x rows (ggml_row_size * nrows)
+    n_bytes = [ncols // block_size[ty] * type_size[ty] * rows for ty, ncols, rows in zip(types, sk.ncols, sk.rows)]
+    return types, n_bytes
 
 
 @lru_cache(maxsize=4096)
 def _plan(model: ModelSpec, quant: Preset | PureType) -> tuple[PlanEntry, ...]:
-    tensors, prep, rows = _inventory(model)
-    imatrix = bool(quant.imatrix) if isinstance(quant, Preset) else False
-    types = plan_types(tensors, model, quant, imatrix=imatrix, prepared=prep)
-    if (isinstance(quant, Preset) and quant.imatrix is None and quant.name in _MAY_NEED_IMATRIX
-            and requires_imatrix(tensors, types, quant.name)):
-        # llama-quantize refuses this preset without an importance matrix: plan the file made with one
-        types = plan_types(tensors, model, quant, imatrix=True, prepared=prep)
-    table = ggml_types()
-    layouts = {ty: (table[ty].block_size, table[ty].type_size) for ty in set(types)}
-    make = tuple.__new__  # PlanEntry(...) without the keyword-handling constructor: plans are hot
-    entries = []
-    for (name, shape, n, ncols, n_rows, layer, is_expert), ty in zip(rows, types):
-        block_size, type_size = layouts[ty]
-        # bytes = whole blocks per row x bytes per block x rows (ggml_row_size * nrows)
-        entries.append(make(PlanEntry, (name, shape, n, ty, ncols // block_size * type_size * n_rows, layer, is_expert)))
-    return tuple(entries)
+    types, n_bytes = _sizes(model, quant)
+    make = tuple.__new__  # PlanEntry(...) without the keyword-handling constructor
+    return tuple(make(PlanEntry, (t.name, t.shape, t.n_elements, ty, b, t.layer, t.is_expert))
+                 for t, ty, b in zip(tensor_inventory(model), types, n_bytes))
 
 
 # presets whose mix can contain a type llama-quantize refuses to make without an imatrix
@@ -168,7 +204,10 @@ def _summary(model: ModelSpec, quant, what: str):
     q = resolve_quant(quant) if quant is not None else None
     memo = plan_memo(model, q)
     if what not in memo:
-        memo[what] = _SUMMARIES[what](tensor_plan(model, q), model)
+        if what == "layers" and q is not None:
+            memo[what] = _planned_layer_bytes(model, q)  # placement's sums, without a PlanEntry per tensor
+        else:
+            memo[what] = _SUMMARIES[what](tensor_plan(model, q), model)
     return memo[what]
 
 
@@ -211,3 +250,22 @@ def _layer_bytes(plan: tuple[PlanEntry, ...], n_layers: int) -> LayerBytes:
             other += e.n_bytes  # output_norm, rope_freqs, and any block past n_layers (e.g. an MTP block)
     head = output if output else token_embd  # tied: llama.cpp reads token_embd as the output head
     return LayerBytes(tuple(layers), tuple(experts), token_embd, output, head, other)
+
+
+def _planned_layer_bytes(model: ModelSpec, quant: Preset | PureType) -> LayerBytes:
+    """_layer_bytes of a planned file, from the skeleton: the inventory's blocks are 0 … n_layers-1."""
+    sk = _skeleton(model)
+    n_bytes = _sizes(model, quant)[1]
+    starts = sk.starts
+    layers = tuple(sum(n_bytes[starts[i]:starts[i + 1]]) for i in range(model.n_layers))
+    experts = tuple(sum([n_bytes[j] for j in ex]) for ex in sk.experts)
+    token_embd = output = other = 0
+    for name, j in sk.outside:
+        if name == "token_embd.weight":
+            token_embd += n_bytes[j]
+        elif name == "output.weight":
+            output += n_bytes[j]
+        else:
+            other += n_bytes[j]  # output_norm, rope_freqs...
+    head = output if output else token_embd  # tied: llama.cpp reads token_embd as the output head
+    return LayerBytes(layers, experts, token_embd, output, head, other)

@@ -157,13 +157,58 @@ class Prepared:
     cats: tuple[str, ...]
     allowed: tuple[bool, ...]
     order: tuple[int, ...]  # indices sorted by (block index, name), as llama_model_loader's weights_map
+    layers: tuple[int | None, ...]  # block index read from the name ("blk.N."), None for global tensors
+    shapes: tuple[tuple[int, ...], ...]  # GGUF ne[]
 
 
 def prepare(tensors: Sequence) -> Prepared:
     cats = tuple(category(t.name) for t in tensors)
     allowed = tuple(allows_quantization(t.name, t.shape) for t in tensors)
     order = tuple(sorted(range(len(tensors)), key=lambda i: (_sort_layer(tensors[i].name), tensors[i].name)))
-    return Prepared(cats, allowed, order)
+    return Prepared(cats, allowed, order, tuple(layer_of(t.name) for t in tensors), tuple(t.shape for t in tensors))
+
+
+def prepare_blocks(head: Sequence, roles: Sequence[Sequence], kind_of_block: Sequence[int], tail: Sequence) -> Prepared:
+    """prepare() for tensors laid out as models.inventory writes them: the global tensors in head,
+    then for each block i the tensors of roles[kind_of_block[i]] (objects with .role and .shape,
+    named "blk.{i}." + role), then the global tensors in tail.
+
+    The name tests (category, tensor_allows_quantization) never read the block number, so each
+    role's answers come from its first block's name and hold for every block of that kind. The
+    visiting order sorts by (block index, name): the global tensors (no block) by name first, then
+    each block's tensors by role (their names differ only after the shared "blk.N." prefix).
+    """
+    first_block: dict[int, int] = {}
+    for i, k in enumerate(kind_of_block):
+        first_block.setdefault(k, i)
+    kinds = {}
+    for k, i in first_block.items():
+        names = [f"blk.{i}.{t.role}" for t in roles[k]]
+        kinds[k] = (tuple(category(n) for n in names), tuple(allows_quantization(n, t.shape) for n, t in zip(names, roles[k])),
+                    sorted(range(len(names)), key=names.__getitem__), tuple(t.shape for t in roles[k]))
+    glob = [*head, *tail]
+    cats = [category(t.name) for t in head]
+    allowed = [allows_quantization(t.name, t.shape) for t in head]
+    shapes = [t.shape for t in head]
+    layers: list[int | None] = [None] * len(head)
+    block_order: list[int] = []
+    for i, k in enumerate(kind_of_block):
+        k_cats, k_allowed, k_order, k_shapes = kinds[k]
+        start = len(cats)
+        block_order.extend([start + j for j in k_order])
+        cats.extend(k_cats)
+        allowed.extend(k_allowed)
+        shapes.extend(k_shapes)
+        layers.extend([i] * len(k_cats))
+    end = len(cats)
+    cats.extend(category(t.name) for t in tail)
+    allowed.extend(allows_quantization(t.name, t.shape) for t in tail)
+    shapes.extend(t.shape for t in tail)
+    layers.extend([None] * len(tail))
+    positions = [*range(len(head)), *range(end, end + len(tail))]
+    by_name = sorted(range(len(glob)), key=lambda j: glob[j].name)
+    order = [positions[j] for j in by_name] + block_order
+    return Prepared(tuple(cats), tuple(allowed), tuple(order), tuple(layers), tuple(shapes))
 
 
 @dataclass(frozen=True)
@@ -187,25 +232,31 @@ def plan_types(tensors: Sequence, spec: ModelSpec, quant: Preset | PureType, *, 
     source_type: the type of tensors that are not quantized (converters write those in F32).
     prepared: prepare(tensors), when the caller keeps it.
     """
-    prep = prepared or prepare(tensors)
+    return assign_types(prepared or prepare(tensors), spec, quant, imatrix=imatrix, source_type=source_type)
+
+
+def assign_types(prep: Prepared, spec: ModelSpec, quant: Preset | PureType, *, imatrix: bool = False,
+                 source_type: str = "F32") -> list[str]:
+    """plan_types on prepared tensors (prepare or prepare_blocks): a type per tensor, in their order."""
     base = quant.base_type
     allowed = prep.allowed
+    shapes = prep.shapes
     if not isinstance(quant, Preset) or (ggml_type(base).block_size == 1 and not (quant.output_type or quant.token_embd_type)):
         # --pure, or a float file type (F32/F16/BF16): no mix, only the row-size fallback
         if ggml_type(base).block_size == 1:
             return [base if a else source_type for a in allowed]
-        return [fallback(base, t.shape[0]) if a else source_type for t, a in zip(tensors, allowed)]
+        return [fallback(base, shape[0]) if a else source_type for shape, a in zip(shapes, allowed)]
     rules = quant.rules
     v_like = (ATTN_V, ATTN_QKV, ATTN_KV_B) if rules == "master" else (ATTN_V,)
     cats = prep.cats
     model = _Model(
         n_layer=spec.n_layers, n_expert=spec.n_experts, n_gqa=spec.n_heads // spec.n_kv_heads,
-        is_70b=is_70b_class(spec), n_attention_wv=sum(c in (ATTN_V, ATTN_QKV, ATTN_KV_B) for c in cats),
+        is_70b=is_70b_class(spec), n_attention_wv=cats.count(ATTN_V) + cats.count(ATTN_QKV) + cats.count(ATTN_KV_B),
         tied=OUTPUT not in cats,
     )
     quantized_base = ggml_type(base).block_size > 1
     seen = {ATTN_V: 0, FFN_DOWN: 0, FFN_GATE: 0, FFN_UP: 0}  # running counters (qs.i_*)
-    out: list[str] = [source_type] * len(tensors)
+    out: list[str] = [source_type] * len(cats)
     for i in prep.order:
         if not allowed[i]:
             continue
@@ -219,14 +270,14 @@ def plan_types(tensors: Sequence, spec: ModelSpec, quant: Preset | PureType, *, 
         if not quantized_base:
             out[i] = base
             continue
-        t = tensors[i]
+        shape = shapes[i]
         attn_v_like = cat in v_like
         key = ATTN_V if attn_v_like else cat
         index = seen.get(key, 0)
-        new = _mix(quant, base, t.name, t.shape, cat, attn_v_like, index, model, imatrix)
+        new = _mix(quant, base, prep.layers[i], shape, cat, attn_v_like, index, model, imatrix)
         if key in seen:
             seen[key] += 1
-        out[i] = fallback(new, t.shape[0], rules)
+        out[i] = fallback(new, shape[0], rules)
     return out
 
 
@@ -246,10 +297,11 @@ def _sort_layer(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def _mix(quant: Preset, new: str, name: str, shape: tuple[int, ...], cat: str, attn_v_like: bool, index: int,
+def _mix(quant: Preset, new: str, layer: int | None, shape: tuple[int, ...], cat: str, attn_v_like: bool, index: int,
          model: _Model, imatrix: bool) -> str:
-    """llama_tensor_get_type_impl for one tensor. new: the preset's base type; index: how many
-    tensors of this category llama-quantize has typed before this one."""
+    """llama_tensor_get_type_impl for one tensor. new: the preset's base type; layer: the block
+    index in the tensor's name ("blk.N."); index: how many tensors of this category
+    llama-quantize has typed before this one."""
     ftype = quant.name
     n_expert = max(1, model.n_expert)
     n_gqa = model.n_gqa
@@ -257,7 +309,7 @@ def _mix(quant: Preset, new: str, name: str, shape: tuple[int, ...], cat: str, a
 
     def layer_info() -> int:
         # MoE models: the block index from the name; dense: the running count (equal for our models)
-        return layer_of(name) if n_expert > 1 else index
+        return layer if n_expert > 1 else index
 
     if cat == OUTPUT or (model.tied and cat == TOKEN_EMBD):
         if quant.output_type:  # a tied token_embd takes --output-tensor-type too
