@@ -522,9 +522,8 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
     layout = _layout(pre, model.n_layers, ngl, order, shares, n_cpu_moe, no_kv_offload)
     b_kv = kv_bytes_per_value(kv_type)
     swa_cells = swa_cache_tokens(model, n_ctx, n_seq, n_ubatch) if model.swa_layers else n_ctx
-    cb_ffn = compute_buffer_bytes(model, n_ubatch, False)
-    buffer_bytes = (0.0, cb_ffn, cb_ffn + n_ubatch * 4 * model.vocab_size)  # none, FFN, FFN + f32 logits
-    make = tuple.__new__  # DeviceUse(...) without the keyword-handling constructor: placements are hot
+    buffer_bytes = _buffer_bytes(model, pre, n_ubatch)
+    make = tuple.__new__  # DeviceUse(...) and Placement(...) without the keyword-handling constructor: placements are hot
     devs = []
     for d, s in enumerate(layout):
         if d == 0:
@@ -536,12 +535,25 @@ def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_c
         devs.append(make(DeviceUse, (name, kind, cap, s.weights_bytes, kv_bytes, buffer_bytes[s.buffers], s.n_blocks, s.has_output,
                                      s.dense_read_bytes, s.expert_bytes, s.kv_full_values * b_kv, s.kv_swa_values * b_kv,
                                      s.flops_per_token, s.attn_flops_per_token_ctx)))
-    reasons = [f"{d.name} needs {d.total_bytes / GB:.2f} GB but has {d.capacity_bytes / GB:.2f} GB "
-               f"(keeping a {fit_target / MiB:.0f} MiB margin)" for d in devs[1:] if d.free_bytes < fit_target]
+    reasons = []
+    for d in devs[1:]:
+        if d.free_bytes < fit_target:
+            reasons.append(f"{d.name} needs {d.total_bytes / GB:.2f} GB but has {d.capacity_bytes / GB:.2f} GB "
+                           f"(keeping a {fit_target / MiB:.0f} MiB margin)")
     host_cap = machine.ram.memory_gb * GB
     host_need = sum(d.total_bytes for d in devs) if machine.unified else devs[0].total_bytes
     if host_need > host_cap:
         reasons.append(f"host memory needs {host_need / GB:.2f} GB but has {host_cap / GB:.2f} GB "
                        "(with mmap llama.cpp still starts, paging weights from disk at drive speed)")
-    return Placement(model, machine, label, n_ctx, kv_type, ngl, tuple(devs), not reasons, "; ".join(reasons),
-                     auto=auto, ctx_reduced=ctx_reduced, unified=machine.unified, scheme=scheme)
+    return make(Placement, (model, machine, label, n_ctx, kv_type, ngl, tuple(devs), not reasons, "; ".join(reasons),
+                            auto, ctx_reduced, machine.unified, (), scheme))  # notes: none
+
+
+def _buffer_bytes(model: ModelSpec, pre: _Prefix, n_ubatch: int) -> tuple[float, float, float]:
+    """The compute buffers a device may reserve: none, the FFN's, the FFN's and the f32 logits."""
+    key = ("buffers", n_ubatch)
+    hit = pre.memo.get(key)
+    if hit is None:
+        cb_ffn = compute_buffer_bytes(model, n_ubatch, False)
+        hit = _remember(pre, key, (0.0, cb_ffn, cb_ffn + n_ubatch * 4 * model.vocab_size))
+    return hit
