@@ -19,7 +19,7 @@ from dataclasses import replace
 from functools import cache
 from importlib import resources
 
-from .errors import UnknownNameError
+from .errors import InvalidValueError, UnknownNameError, check_positive
 from .hardware.device import Machine
 from .models.spec import ModelSpec
 from .placement import place
@@ -67,13 +67,18 @@ def row_machine(row: dict) -> Machine:
 
 def llama_bench(model: ModelSpec, quant, machine: Machine, n_prompt: int = 512, n_gen: int = 128, speed: SpeedModel | None = None) -> dict:
     """What llama-bench would print for a fully offloaded model: {"pp": tok/s, "tg": tok/s}
-    (pp: a prompt of n_prompt tokens; tg: n_gen tokens generated from an empty context)."""
+    (pp: a prompt of n_prompt tokens; tg: n_gen tokens generated from an empty context). As
+    llama-bench with -p 0 or -n 0, a test of zero tokens is not run: its figure is None."""
+    check_positive("n_prompt", n_prompt, allow_zero=True)
+    check_positive("n_gen", n_gen, allow_zero=True)
+    if n_prompt == n_gen == 0:
+        raise InvalidValueError("llama_bench needs n_prompt or n_gen above 0, got both 0")
     speed = speed or CALIBRATED()
     p = place(model, machine, quant, n_ctx=n_prompt + n_gen)
-    pp = n_prompt / prefill_time(p, machine, n_prompt, speed)["total_s"]
+    pp = n_prompt / prefill_time(p, machine, n_prompt, speed)["total_s"] if n_prompt else None
     # tg128 decodes at contexts 0 … n_gen-1; the step time is linear in context, so its mean is at the midpoint
-    step = decode_step_time(p, machine, n_gen // 2, 1, speed)["total_s"]
-    return {"pp": pp, "tg": 1.0 / step, "placement": p}
+    tg = 1.0 / decode_step_time(p, machine, n_gen // 2, 1, speed)["total_s"] if n_gen else None
+    return {"pp": pp, "tg": tg, "placement": p}
 
 
 def _fit_backend(rows: list[dict], backend: str) -> dict:

@@ -36,3 +36,20 @@ def test_llama_bench_shape_and_published_rtx4090():
     assert 150 < r["tg"] < 230 and 8000 < r["pp"] < 18000
     # prompt processing is one to two orders of magnitude faster than generation (the lesson's pitfall 3)
     assert 10 < r["pp"] / r["tg"] < 200
+
+
+def test_llama_bench_skips_a_zero_token_test_as_llama_bench_does():
+    import pytest
+
+    from inferlab.errors import InvalidValueError
+
+    model, machine = MODELS["llama-2-7b"], MACHINES["rtx4090"]
+    full = llama_bench(model, "preset:Q4_0", machine)
+    tg_only = llama_bench(model, "preset:Q4_0", machine, n_prompt=0)  # llama-bench -p 0: no pp test
+    pp_only = llama_bench(model, "preset:Q4_0", machine, n_gen=0)
+    assert tg_only["pp"] is None and pp_only["tg"] is None
+    # the decode figure depends only on n_gen's midpoint context; the prompt adds only context to the placement
+    assert abs(tg_only["tg"] / full["tg"] - 1) < 0.01 and pp_only["pp"] == pytest.approx(full["pp"], rel=0.01)
+    for bad in ({"n_prompt": 0, "n_gen": 0}, {"n_prompt": -1}):
+        with pytest.raises(InvalidValueError):
+            llama_bench(model, "preset:Q4_0", machine, **bad)

@@ -44,11 +44,16 @@ def _simd_of(device: Device) -> str:
     return "avx2"
 
 
-def reference_for(device: Device) -> dict:
-    """The measured reference CPU that stands for ``device``: same ISA class if measured, else the default."""
-    refs = limits()["references"]
+def measured_reference(device: Device) -> dict | None:
+    """The measured reference CPU of ``device``'s ISA class, or None when none was measured."""
     simd = _simd_of(device)
-    return next((r for r in refs if r["simd"] == simd), refs[0])
+    return next((r for r in limits()["references"] if r["simd"] == simd), None)
+
+
+def reference_for(device: Device) -> dict:
+    """The measured reference CPU that stands for ``device``: same ISA class if measured, else the
+    first entry (a stand-in: its rates may be far from this CPU's)."""
+    return measured_reference(device) or limits()["references"][0]
 
 
 def cpu_decode_rate_bytes_per_s(device: Device, ggml_type: str, n_threads: int | None = None) -> float:

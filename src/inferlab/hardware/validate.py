@@ -382,7 +382,7 @@ def _predict_with_perf_model(model_path: str, preset: str, machine, n_prompt: in
         from ..perf_model import llama_bench as predicted_bench
 
         got = predicted_bench(model_from_gguf(model_path), preset, machine, n_prompt=n_prompt, n_gen=n_gen)
-        return float(got["pp"]), float(got["tg"]), ""
+        return got["pp"], got["tg"], ""
     except (ImportError, NotImplementedError, TypeError, KeyError, AttributeError, InferlabError) as exc:
         return None, None, f"perf_model.llama_bench failed here ({type(exc).__name__}: {exc})"
 
