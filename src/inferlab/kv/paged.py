@@ -198,7 +198,23 @@ class FreeBlockQueue:
 
 
 class PagedManager(KVManager):
-    """vLLM v1's KV-cache manager and scheduler (default: vLLM 0.33 behaviour)."""
+    """vLLM v1's KV-cache manager and scheduler (default: vLLM 0.33 behaviour).
+
+    The decode batch on a shared clock (a simulation device, not vLLM's): every step, each
+    running request that only decodes gets one token, and only a token that starts a block
+    (``allocate_slots`` takes one from the free queue) or fills one (``cache_blocks`` registers
+    its hash) does block work. So the running requests that decode, a prefix of ``running``
+    (``running[:num_lazy]``), are advanced lazily: such a request's ``num_computed`` is
+    ``dbase + clock`` (``num_output`` follows), and ``decode_events[t % block_size]`` lists, in
+    running order, the requests whose token starts (True) or fills (False) a block in step t;
+    ``finish_at[t]`` those that sample their last token in step t. A step does that block work in
+    running order, which is the order vLLM's per-request loop does it in, then schedules the
+    other running requests and the waiting ones as vLLM does. The fields are written back
+    (``_settle``) when a request stops decoding (finish, preemption). Only with
+    ``max_model_len=None`` and ``max_num_seqs <= max_num_batched_tokens`` (every decode fits
+    the token budget); otherwise (or with ``decode_clock = False``, for tests) every request is
+    advanced one by one.
+    """
 
     engine = "vllm"
     hit_rate_name = "prefix_cache_hit_rate"
@@ -250,6 +266,13 @@ class PagedManager(KVManager):
         self.queries = self.hits = 0
         self.map_epoch = 0  # bumped whenever a hash enters or leaves the map (lookups memoised per epoch)
         self.preempted_queries = self.preempted_hits = 0
+        # the decode batch on a shared clock (see the class docstring)
+        self.decode_clock = max_model_len is None and max_num_seqs <= max_num_batched_tokens
+        self.clock = 0  # steps so far
+        self.num_lazy = 0  # running[:num_lazy] decode on the clock
+        self.dbase_sum = 0  # sum of their dbase (context tokens of a step, summed at once)
+        self.decode_events: list[list[tuple[Seq, bool]]] = [[] for _ in range(block_size)]
+        self.finish_at: dict[int, list[Seq]] = {}
 
     # ---------------------------------------------------------------- config / accounting
     def config(self) -> dict[str, Any]:
@@ -402,24 +425,32 @@ class PagedManager(KVManager):
         block at a time): a token that starts a block takes one from the free queue, a token
         that fills one registers its hash."""
         c = seq.num_computed
-        blocks = seq.blocks
-        if -(-(c + 1) // self.block_size) > len(blocks):
+        if -(-(c + 1) // self.block_size) > len(seq.blocks):
             if not self.free:
                 return False
-            b = self._pop_free()
-            self.ref[b] = 1
-            blocks.append(b)
-        if self.enable_prefix_caching:
-            j = seq.num_cached_blocks
-            if (c + 1) // self.block_size > j:  # (the decode token is never past num_tokens)
-                k = self._keys(seq)[j]
-                if k in self.cached:
-                    self.dups.setdefault(k, []).append(blocks[j])
-                else:
-                    self.cached[k] = blocks[j]
-                seq.num_cached_blocks = j + 1
-                self.map_epoch += 1
+            self._start_block(seq)
+        # (the decode token is never past num_tokens)
+        if self.enable_prefix_caching and (c + 1) // self.block_size > seq.num_cached_blocks:
+            self._fill_block(seq)
         return True
+
+    def _start_block(self, seq: Seq) -> None:
+        """A decode token starts a block: one block from the head of the free queue (not empty)."""
+        b = self._pop_free()
+        self.ref[b] = 1
+        seq.blocks.append(b)
+
+    def _fill_block(self, seq: Seq) -> None:
+        """A decode token fills the request's next block: ``cache_blocks`` registers its hash
+        (no de-duplication: an equal hash already in the map makes it a duplicate)."""
+        j = seq.num_cached_blocks
+        k = self._keys(seq)[j]
+        if k in self.cached:
+            self.dups.setdefault(k, []).append(seq.blocks[j])
+        else:
+            self.cached[k] = seq.blocks[j]
+        seq.num_cached_blocks = j + 1
+        self.map_epoch += 1
 
     def _free_seq(self, seq: Seq) -> None:
         """``free``: drop the request's references, tail block first; blocks nobody else holds go
@@ -493,10 +524,13 @@ class PagedManager(KVManager):
                     f"{seq.out_len} new tokens; the pool has {self.usable_blocks} usable blocks")
         seq.blocks = []
         seq.num_cached_blocks = 0
+        seq.dbase = None  # not decoding on the clock
         self.waiting.append(seq)
         return None
 
     def _preempt(self, victim: Seq) -> None:
+        if victim.dbase is not None:  # (a victim has not had its turn in this step yet)
+            self._settle(victim, self.clock)
         self._free_seq(victim)
         victim.num_computed = 0
         victim.preemptions += 1
@@ -533,14 +567,23 @@ class PagedManager(KVManager):
         # list's tail), and finished requests still leave after the step, in scheduling order.
         st = StepStats()
         budget = self.max_num_batched_tokens
-        preempted = False
         running = self.running
         bs, mml = self.block_size, self.max_model_len
         first = st.first_token
         finished: list[Seq] = []
         dec = pre = ctx = 0
-        i = 0
-        while i < len(running) and budget > 0:  # running requests first
+        t = self.clock
+        # running requests first: the decode batch on the clock (running[:num_lazy]), each one
+        # token; its block work in running order, as the per-request loop below would do it
+        preempted = self._decode_block_work(t)
+        i = nd = self.num_lazy
+        if nd:
+            dec, ctx = nd, self.dbase_sum + nd * (t + 1)  # each one's num_computed after its token
+            budget -= nd
+            for seq in self.finish_at.pop(t, ()):  # sampled their last token
+                self._settle(seq, t + 1)
+                finished.append(seq)
+        while i < len(running) and budget > 0:  # then the others, one by one
             seq = running[i]
             c = seq.num_computed
             o = seq.num_output
@@ -568,13 +611,9 @@ class PagedManager(KVManager):
             if num_new <= 0:
                 i += 1
                 continue
-            while not self._allocate(seq, num_new):
-                victim = running.pop()  # the most recently admitted
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
-                    break
-            else:
+            scheduled, preempted_now = self._allocate_or_preempt(seq, self._allocate, seq, num_new)
+            preempted |= preempted_now
+            if scheduled:
                 if self._forward(seq, num_new, first, finished):
                     dec += 1
                 else:
@@ -611,19 +650,104 @@ class PagedManager(KVManager):
             budget -= num_new
         st.num_running = len(running)
         st.decode_tokens, st.prefill_tokens, st.context_tokens = dec, pre, ctx
+        self.clock = t + 1
         if finished:
             gone = set(map(id, finished))
             self.running = [s for s in running if id(s) not in gone]
             for seq in finished:
                 self._finish(seq, st)
+        if self.decode_clock:
+            self._join_decode_batch()
         return st
+
+    # ---------------------------------------------------------------- the decode batch on a clock
+    def _decode_block_work(self, t: int) -> bool:
+        """Step ``t``'s block work for the decode batch on the clock: in running order, a token
+        that starts a block takes one (preempting the newest admissions while the free queue is
+        empty, as the per-request loop does) and a token that fills one registers its hash.
+        Every other decode token needs no block work (_allocate returns at once). True when a
+        request was preempted."""
+        bucket = self.decode_events[t % self.block_size]
+        if not bucket:
+            return False
+        preempted = False
+        for seq, starts in tuple(bucket):  # (a snapshot: preemption takes entries out)
+            if seq.dbase is None:
+                continue  # preempted in this step
+            if not starts:
+                self._fill_block(seq)
+                continue
+            scheduled, preempted_now = self._allocate_or_preempt(seq, self.free.__len__)  # a free block?
+            preempted |= preempted_now
+            if scheduled:
+                self._start_block(seq)
+        return preempted
+
+    def _allocate_or_preempt(self, seq: Seq, allocate, *args) -> tuple[bool, bool]:
+        """``allocate(*args)`` for running ``seq``; while it fails, preempt the most recently
+        admitted running request and retry. Returns (allocated, whether any was preempted); not
+        allocated when ``seq`` itself was preempted."""
+        preempted = False
+        while not allocate(*args):
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted = True
+            if victim is seq:
+                return False, True
+        return True, preempted
+
+    def _join_decode_batch(self) -> None:
+        """Put the running requests after the decode batch on the clock while they only decode."""
+        running = self.running
+        while self.num_lazy < len(running) and self._decodes(running[self.num_lazy]):
+            self._join(running[self.num_lazy])
+
+    def _decodes(self, seq: Seq) -> bool:
+        """``seq`` (not on the clock) only decodes: its next token is its last sampled one, and
+        it holds exactly the blocks of its computed tokens, all full ones registered (always so
+        after a prefill; checked so that the clock's block work is exact)."""
+        c, o, bs = seq.num_computed, seq.num_output, self.block_size
+        return bool(o) and c == seq.prompt_len + o - 1 and len(seq.blocks) == -(-c // bs) and (
+            not self.enable_prefix_caching or seq.num_cached_blocks == c // bs)
+
+    def _join(self, seq: Seq) -> None:
+        if not self._decodes(seq):
+            raise InvariantError(f"vllm: {seq!r} put on the decode clock while not decoding")
+        bs = self.block_size
+        base = seq.dbase = seq.num_computed - self.clock
+        self.dbase_sum += base
+        self.num_lazy += 1
+        self.decode_events[-base % bs].append((seq, True))  # steps whose token starts a block
+        if self.enable_prefix_caching:
+            self.decode_events[(-base - 1) % bs].append((seq, False))  # ... fills one
+        # its token in step t is number base + t - prompt_len + 2 (1 was sampled at prefill)
+        self.finish_at.setdefault(seq.out_len + seq.prompt_len - 2 - base, []).append(seq)
+
+    def _settle(self, seq: Seq, t: int) -> None:
+        """Take ``seq`` off the clock with its fields as of clock value ``t``."""
+        bs, base = self.block_size, seq.dbase
+        seq.num_computed = c = base + t
+        seq.num_output = c - seq.prompt_len + 1
+        self.decode_events[-base % bs].remove((seq, True))
+        if self.enable_prefix_caching:
+            self.decode_events[(-base - 1) % bs].remove((seq, False))
+        tf = seq.out_len + seq.prompt_len - 2 - base
+        fin = self.finish_at.get(tf)
+        if fin is not None:  # (absent when it finished: the step took the list)
+            fin.remove(seq)
+            if not fin:
+                del self.finish_at[tf]
+        self.dbase_sum -= base
+        self.num_lazy -= 1
+        seq.dbase = None
 
     # ---------------------------------------------------------------- decode fast-forward
     def decode_horizon(self) -> tuple[int, int, int] | None:
         running = self.running
         if not running or len(running) > self.max_num_batched_tokens:
             return None
-        for s in reversed(running):  # the newest admissions are the likeliest to be prefilling
+        nd = self.num_lazy
+        for s in reversed(running[nd:]):  # the newest admissions are the likeliest to be prefilling
             if not s.num_output or s.prompt_len + s.num_output - s.num_computed != 1:
                 return None  # a prefill (chunk) is still running
         if self.waiting and len(running) < self.max_num_seqs and len(running) < self.max_num_batched_tokens:
@@ -636,66 +760,37 @@ class PagedManager(KVManager):
             if self._allocate(head, num_new, hits, admitting=True, dry_run=True):
                 return None  # the head would be admitted; it stays blocked while blocks only shrink
         b = len(running)
-        bs = self.block_size
-        k = min(s.out_len - s.num_output for s in running) - 1  # nobody finishes
+        bs, t = self.block_size, self.clock
+        c = [s.dbase + t for s in running[:nd]] + [s.num_computed for s in running[nd:]]
+        # nobody finishes: out_len - num_output - 1 more tokens each, num_output = c - prompt_len + 1
+        k = min(s.out_len + s.prompt_len - x for s, x in zip(running, c)) - 2
         if self.max_model_len is not None:
-            k = min(k, min(self.max_model_len - s.num_computed for s in running) - 1)
-        c = [s.num_computed for s in running]
+            k = min(k, self.max_model_len - max(c) - 1)
         while k >= 2:  # enough free blocks for every new block in k steps: no preemption
             need = sum((x + k - 1) // bs - (x - 1) // bs for x in c)
             if need <= self.num_free:
                 break
             k //= 2
-        return (k, b, sum(s.num_computed + 1 for s in running)) if k >= 2 else None
+        return (k, b, sum(c) + b) if k >= 2 else None
 
     def fast_forward(self, k: int) -> None:
-        """k decode steps: per request, a block popped where a token starts one and a hash
-        registered where a token fills one, in running order within each step (as _allocate)."""
-        bs = self.block_size
-        caching = self.enable_prefix_caching
-        events: dict[int, list[tuple[Seq, bool, int]]] = {}
-        num_pops = 0
-        for s in self.running:
-            c0 = s.num_computed
-            p = c0 % bs
-            r = (-p) % bs  # the first step whose token starts a block, then every bs steps
-            events.setdefault(r, []).append((s, True, c0))  # token starts a block: allocate
-            if r < k:
-                num_pops += (k - 1 - r) // bs + 1
-            if caching:
-                events.setdefault((-p - 1) % bs, []).append((s, False, c0))  # fills one: register
-        # Nothing enters or leaves the free queue meanwhile, so the k steps' pops are its first
-        # num_pops blocks, head first (one bulk pop); each evicts its hash at its own turn below,
-        # interleaved with the registrations exactly as step by step.
-        new, old = self.free.popleft_n(num_pops) if num_pops else ((), ())
-        num_popped = 0
-        ref, cached, dups = self.ref, self.cached, self.dups
-        for i in range(k):
-            for s, alloc, c0 in events.get(i % bs, ()):
-                if alloc:
-                    b, h = new[num_popped], old[num_popped]
-                    num_popped += 1
-                    if h is not None:  # lazy eviction of the block's cached content (as _pop_free)
-                        self.num_hashed_free -= 1
-                        self._evict(b, h)
-                        self.map_epoch += 1
-                    ref[b] = 1
-                    s.blocks.append(b)
+        """k decode steps: the block work of each step's tokens that start or fill a block, in
+        running order within each step (as _decode_block_work, which never preempts here)."""
+        temporary = self.num_lazy < len(self.running)  # decode_clock off: on the clock meanwhile
+        for s in self.running[self.num_lazy:]:
+            self._join(s)
+        t0 = self.clock
+        bs, events = self.block_size, self.decode_events
+        for t in range(t0, t0 + k):
+            for s, starts in events[t % bs]:
+                if starts:
+                    self._start_block(s)
                 else:
-                    j = (c0 + i + 1) // bs - 1  # the block this step fills
-                    b = s.blocks[j]
-                    key = self._keys(s)[j]
-                    if key in cached:
-                        dups.setdefault(key, []).append(b)
-                    else:
-                        cached[key] = b
-                    s.num_cached_blocks = j + 1
-                    self.map_epoch += 1
-        if num_popped != num_pops:
-            raise InvariantError(f"vllm: fast_forward popped {num_pops} blocks but used {num_popped}")
-        for s in self.running:
-            s.num_computed += k
-            s.num_output += k
+                    self._fill_block(s)
+        self.clock = t0 + k
+        if temporary:
+            for s in self.running:
+                self._settle(s, self.clock)
 
     def _pop_free(self) -> int:
         """One block from the head of the free queue, its cached content evicted."""
@@ -750,10 +845,34 @@ class PagedManager(KVManager):
                 raise InvariantError(f"vllm: duplicate blocks for hash {k} disagree with the map")
         if len(self.cached) + sum(map(len, self.dups.values())) != sum(1 for k in bhash.values() if k is not None):
             raise InvariantError("vllm: a hashed block is missing from the hash map")
+        self._check_decode_clock()
+
+    def _check_decode_clock(self) -> None:
+        """The decode batch on the clock: running[:num_lazy], each decoding with exactly its
+        blocks, listed once per block event and once at its finishing step."""
+        nd, t, bs = self.num_lazy, self.clock, self.block_size
+        lazy = self.running[:nd]
+        if any(getattr(s, "dbase", None) is None for s in lazy) or any(
+                getattr(s, "dbase", None) is not None for s in self.running[nd:]):
+            raise InvariantError("vllm: the decode batch on the clock is not running[:num_lazy]")
+        want: list[list[tuple[Seq, bool]]] = [[] for _ in range(bs)]
+        finish: dict[int, list[Seq]] = {}
+        for s in lazy:
+            c = s.dbase + t
+            if c > s.prompt_len + s.out_len - 2 or len(s.blocks) != -(-c // bs) or (
+                    self.enable_prefix_caching and s.num_cached_blocks != c // bs):
+                raise InvariantError(f"vllm: {s!r} on the decode clock at {c} tokens holds "
+                                     f"{len(s.blocks)} blocks ({s.num_cached_blocks} registered)")
+            want[-s.dbase % bs].append((s, True))
+            if self.enable_prefix_caching:
+                want[(-s.dbase - 1) % bs].append((s, False))
+            finish.setdefault(s.out_len + s.prompt_len - 2 - s.dbase, []).append(s)
+        if want != self.decode_events or finish != self.finish_at or sum(s.dbase for s in lazy) != self.dbase_sum:
+            raise InvariantError("vllm: the decode clock's event lists drifted")
 
     def check_drained(self) -> None:
         self.check_invariants()
-        if self.running or self.waiting:
+        if self.running or self.waiting or self.num_lazy:
             raise InvariantError(f"vllm: {len(self.running)} running / {len(self.waiting)} waiting left")
         if self.num_free != self.usable_blocks or any(self.ref):
             raise InvariantError(f"vllm: {self.usable_blocks - self.num_free} blocks leaked")
