@@ -255,17 +255,18 @@ def assign_types(prep: Prepared, spec: ModelSpec, quant: Preset | PureType, *, i
         tied=OUTPUT not in cats,
     )
     quantized_base = ggml_type(base).block_size > 1
+    token_embd_type, output_type, layers = quant.token_embd_type, quant.output_type, prep.layers
     seen = {ATTN_V: 0, FFN_DOWN: 0, FFN_GATE: 0, FFN_UP: 0}  # running counters (qs.i_*)
     out: list[str] = [source_type] * len(cats)
     for i in prep.order:
         if not allowed[i]:
             continue
         cat = cats[i]
-        if quant.token_embd_type and cat == TOKEN_EMBD:
-            out[i] = quant.token_embd_type
+        if token_embd_type and cat == TOKEN_EMBD:
+            out[i] = token_embd_type
             continue
-        if quant.output_type and cat == OUTPUT:
-            out[i] = quant.output_type
+        if output_type and cat == OUTPUT:
+            out[i] = output_type
             continue
         if not quantized_base:
             out[i] = base
@@ -274,7 +275,7 @@ def assign_types(prep: Prepared, spec: ModelSpec, quant: Preset | PureType, *, i
         attn_v_like = cat in v_like
         key = ATTN_V if attn_v_like else cat
         index = seen.get(key, 0)
-        new = _mix(quant, base, prep.layers[i], shape, cat, attn_v_like, index, model, imatrix)
+        new = _mix(quant, base, layers[i], shape, cat, attn_v_like, index, model, imatrix)
         if key in seen:
             seen[key] += 1
         out[i] = fallback(new, shape[0], rules)
