@@ -482,17 +482,21 @@ class PagedManager(KVManager):
                 for b in blocks[:shared]:
                     ref[b] -= 1
                 self.num_extra_refs -= shared
-            for b in islice(blocks, shared, None):
-                ref[b] = 0
             # blocks[shared:nc] carry hashes (hits and registered blocks), the rest (the partial
-            # tail) not; tail block first
-            hashed_rev = blocks[shared:nc][::-1]
+            # tail) not; tail block first (one reversed slice each)
+            stop = shared - 1 if shared else None  # (index -1 would mean the end)
+            hashed_rev = blocks[nc - 1:stop:-1] if nc > shared else []
+            hashed_keys = keys[nc - 1:stop:-1] if nc > shared else []
             unhashed_rev = blocks[:nc - 1:-1] if nc else blocks[::-1]
+            for b in hashed_rev:  # (the lists just built: their ids are still in the CPU cache)
+                ref[b] = 0
+            for b in unhashed_rev:
+                ref[b] = 0
             if self.version == "0.33":
                 free.prepend_n(unhashed_rev)
-                free.append_n(hashed_rev, keys[shared:nc][::-1])
+                free.append_n(hashed_rev, hashed_keys)
             else:
-                free.append_n(unhashed_rev + hashed_rev, [None] * len(unhashed_rev) + keys[shared:nc][::-1])
+                free.append_n(unhashed_rev + hashed_rev, [None] * len(unhashed_rev) + hashed_keys)
             self.num_hashed_free += nc - shared
         else:
             for i in range(len(blocks) - 1, -1, -1):  # tail block first
