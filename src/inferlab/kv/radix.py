@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from operator import attrgetter, sub
+from operator import attrgetter
 from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError
@@ -54,7 +54,7 @@ def _advance(runs, bi: int, boff: int, n: int) -> tuple[int, int]:
 SGLANG_VERSIONS = ("0.5.2", "0.5.23")
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.CLIP_MAX_NEW_TOKENS
-_out_len, _num_output, _num_computed = attrgetter("out_len"), attrgetter("num_output"), attrgetter("num_computed")
+_out_len, _num_output = attrgetter("out_len"), attrgetter("num_output")
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # lpm falls back to fcfs above this many waiting
 RETRACT_DECODE_STEPS = 20  # global_config.retract_decode_steps
 NEW_TOKEN_RATIO_INIT = 0.7  # times schedule_conservativeness
@@ -528,11 +528,10 @@ class RadixManager(KVManager):
             return None
         if self.waiting and not self.batch_is_full:
             return None  # a prefill round would be tried
-        running = self.running
-        b = len(running)
-        k = min(min(map(sub, map(_out_len, running), map(_num_output, running))) - 1,  # nobody finishes
+        b = len(self.running)
+        k = min(min(s.out_len - s.num_output for s in self.running) - 1,  # nobody finishes
                 self.available() // b)  # no eviction, no retraction
-        return (k, b, sum(map(_num_computed, running)) + b) if k >= 2 else None
+        return (k, b, sum(s.num_computed + 1 for s in self.running)) if k >= 2 else None
 
     def fast_forward(self, k: int) -> None:
         for s in self.running:
