@@ -46,4 +46,12 @@ def test_plan_properties(spec, preset, imatrix):
 @settings(max_examples=30, deadline=None)
 @given(spec=specs(), name=st.sampled_from(["F16", "BF16", "Q8_0", "Q6_K"]))
 def test_uniform_presets_equal_their_bare_type(spec, name):
-    assert tensor_plan(spec, Preset(name)) == tensor_plan(spec, PureType(name))
+    preset, bare = tensor_plan(spec, Preset(name)), tensor_plan(spec, PureType(name))
+    if spec.n_experts != 8:
+        assert preset == bare
+        return
+    # llama_tensor_get_type: "for the 8-expert model, bumping this to Q8_0 trades just ~128MB", for
+    # attn_v and attn_k whatever the preset; every other tensor keeps the base type
+    for p, b in zip(preset, bare, strict=True):
+        bumped = p.name.endswith(("attn_k.weight", "attn_v.weight"))
+        assert p.ggml_type == ("Q8_0" if bumped else b.ggml_type), p.name
