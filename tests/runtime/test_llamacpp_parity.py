@@ -43,6 +43,14 @@ def test_decode_round_trips(smollm):
         assert tok.decode(tok.encode(text, special=False)) == text
 
 
+# The fixed prompt of the greedy tests. Two engines that round differently can agree token for token
+# only where no near-tie occurs (the teacher-forced test below measures where they flip); this
+# prompt's 32-token greedy path has no near-tie: llama.cpp's top two are at least 1.23 apart at
+# every step and inferlab's at least 0.97 (AMD EPYC Zen 4, 2026-11-30). "Recite the English
+# alphabet." agreed on Zen 3 but not on Zen 4: its fourth token is a 0.11 tie (" is" / " consists").
+GREEDY_PROMPT = "Write the numbers from 1 to 20, separated by commas."
+
+
 def _llama_cpp_greedy(llm, ids, n):
     out = []
     for t in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
@@ -59,7 +67,7 @@ def test_greedy_continuation_equals_llama_cpp(smollm, llama_cpp_model):
     from inferlab.runtime.generate import generate
 
     model, tok = smollm
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Recite the English alphabet."}]))
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": GREEDY_PROMPT}]))
     ours = list(generate(model, ids, 32).token_ids[0])
     theirs = _llama_cpp_greedy(llama_cpp_model, ids, 32)
     assert ours == theirs, f"inferlab : {tok.decode(ours)!r}\nllama.cpp: {tok.decode(theirs)!r}"
@@ -101,7 +109,7 @@ def test_int4_weights_greedy_continuation_equals_llama_cpp(smollm_file, smollm, 
 
     _, tok = smollm
     model = LlamaModel.from_gguf(smollm_file, dtype="int4", n_ctx=512)
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Recite the English alphabet."}]))
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": GREEDY_PROMPT}]))
     ours = list(generate(model, ids, 32).token_ids[0])
     theirs = _llama_cpp_greedy(llama_cpp_model, ids, 32)
     assert ours == theirs, f"inferlab : {tok.decode(ours)!r}\nllama.cpp: {tok.decode(theirs)!r}"
