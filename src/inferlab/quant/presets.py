@@ -33,7 +33,8 @@ from .types import ggml_type, ggml_types
 RULE_VERSIONS = ("master", "2025", "2023")
 # presets whose every quantizable tensor gets the base type (output and token_embd included):
 # for these the preset and the bare type of the same name plan the same file, except in 8-expert
-# MoE models (Mixtral), whose attn_k and attn_v llama-quantize bumps to Q8_0 in every preset
+# MoE models (Mixtral), whose attn_k and attn_v llama-quantize bumps to Q8_0 (Q6_K here; the
+# float presets skip its type rules)
 UNIFORM_PRESETS = frozenset({"F32", "F16", "BF16", "Q8_0", "Q6_K"})
 
 
