@@ -93,3 +93,36 @@ def test_int4_model_close_to_fp32_and_smaller(tmp_path):
     assert layers(int4) < 0.2 * layers(fp32)
     assert int4.lm_head.nbytes == fp32.lm_head.nbytes  # the head stays fp32
     assert 0 < (a - b).abs().max() < 0.05 * a.abs().max()
+
+
+def test_weight_arena_views_are_aligned_disjoint_and_bounded():
+    from inferlab.errors import InvalidValueError
+    from inferlab.runtime.linear import HUGE_PAGE_BYTES, WeightArena
+
+    arena = WeightArena(3 * 1000 * 4 + 64 * 3, "cpu")
+    parts = [arena.take((10, 100), torch.float32) for _ in range(3)]
+    assert parts[0].data_ptr() % HUGE_PAGE_BYTES == 0  # the used part starts on a huge page
+    assert all(p.data_ptr() % 64 == 0 for p in parts)
+    for i, p in enumerate(parts):
+        p.fill_(i)
+    assert [p.unique().tolist() for p in parts] == [[0.0], [1.0], [2.0]]  # no overlap
+    with pytest.raises(InvalidValueError, match="overflow"):
+        arena.take((1000,), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_arena_held_weights_give_the_same_logits_as_separate_tensors(tmp_path, monkeypatch, dtype):
+    import inferlab.runtime.llama as llama
+
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, d_model=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=128, tied=False)
+    in_arena = LlamaModel.from_gguf(path, dtype=dtype)
+    monkeypatch.setattr(llama, "WeightArena", lambda n_bytes, device: None)
+    separate = LlamaModel.from_gguf(path, dtype=dtype)
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.inference_mode():
+        a, b = in_arena.step(tokens, None, all_logits=True), separate.step(tokens, None, all_logits=True)
+    assert torch.equal(a, b)  # same layout and kernels: bit-identical
+    assert in_arena.weight_bytes == separate.weight_bytes
+    base = in_arena.layers[0].wqkv.w.untyped_storage().data_ptr()
+    assert all(l.w_down.w.untyped_storage().data_ptr() == base for l in in_arena.layers)  # one buffer

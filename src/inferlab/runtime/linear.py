@@ -15,7 +15,7 @@ bf16 activations, so their matmul inputs are rounded to bf16; outputs come back 
 
 from __future__ import annotations
 
-from ..errors import NotSupportedError, UnknownNameError
+from ..errors import InvalidValueError, NotSupportedError, UnknownNameError
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
 INT4_GROUP = 32  # weights per scale/zero pair, as in GGUF's Q4_0/Q4_1 blocks
@@ -31,21 +31,75 @@ def default_splits(device) -> int:
     return max(1, min(torch.get_num_threads(), 8))
 
 
+HUGE_PAGE_BYTES = 2 * 1024 * 1024  # x86-64 and arm64 Linux transparent huge pages
+_MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
+
+
+class WeightArena:
+    """One buffer for every dense weight matrix, filled in the order a decode step reads them and
+    backed by transparent huge pages where the OS allows (Linux, THP in "madvise" or "always"
+    mode). A decode step streams the weights once: with 4 KiB pages the CPU's prefetchers stop at
+    every page boundary and each page costs a TLB miss; with 2 MiB pages fp32 decode of SmolLM2
+    ran 3-9 % faster (same-minute pairs, AMD EPYC Zen 4). Where madvise is missing the arena is
+    an ordinary buffer."""
+
+    def __init__(self, n_bytes: int, device):
+        import torch
+
+        self.huge_pages = False
+        # room to start the used part on a huge-page boundary; the pages before it are never touched
+        self._buf = torch.empty(n_bytes + HUGE_PAGE_BYTES, dtype=torch.uint8, device=device)
+        addr = self._buf.data_ptr()
+        self._start = (-addr) % HUGE_PAGE_BYTES if self._buf.device.type == "cpu" else 0
+        self._end = self._start + n_bytes
+        self._next = self._start
+        if self._buf.device.type == "cpu":
+            self.huge_pages = _advise_huge_pages(addr + self._start, n_bytes)
+
+    def take(self, shape, dtype):
+        """An uninitialised tensor of shape and dtype carved from the arena (64-byte aligned)."""
+        import math
+
+        n = math.prod(shape) * dtype.itemsize
+        start = -(-self._next // 64) * 64
+        if start + n > self._end:
+            raise InvalidValueError(f"weight arena overflow: {start + n - self._start} bytes asked of {self._end - self._start}")
+        self._next = start + n
+        return self._buf[start : start + n].view(dtype).view(shape)
+
+
+def _advise_huge_pages(addr: int, n_bytes: int) -> bool:
+    """madvise(MADV_HUGEPAGE) on [addr, addr + n_bytes) before the pages are first touched."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(n_bytes), _MADV_HUGEPAGE) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 class DenseLinear:
     """A float matrix. fp32 on a CPU with splits > 1: W^T stored K-split, (splits, K/splits, N);
     otherwise W as in the file, (N, K), for F.linear (torch's bf16/fp16 CPU kernels want that
     layout: x @ W^T with W^T contiguous takes a path 10x slower in bf16)."""
 
-    def __init__(self, weight, dtype, *, splits: int = 1):
+    def __init__(self, weight, dtype, *, splits: int = 1, arena: WeightArena | None = None):
         n, k = weight.shape
         while splits > 1 and k % splits:
             splits -= 1
         self.splits = splits
         self.shape = (n, k)  # (out, in), as in the file
-        if splits > 1:
-            self.w = weight.to(dtype).T.contiguous().view(splits, k // splits, n)
+        source = weight.T if splits > 1 else weight
+        if arena is not None:
+            held = arena.take(tuple(source.shape), dtype)
+            held.copy_(source)  # converts the dtype and lays W^T out in one pass
         else:
-            self.w = weight.to(dtype).contiguous()
+            held = source.to(dtype).contiguous()
+        self.w = held.view(splits, k // splits, n) if splits > 1 else held
 
     @property
     def nbytes(self) -> int:
@@ -183,8 +237,9 @@ class Int4Linear:
         return out.view(*x.shape[:-1], self.shape[0]).float()
 
 
-def make_linear(weight, dtype: str, device):
-    """The held form of one (out, in) weight matrix for a weight dtype name."""
+def make_linear(weight, dtype: str, device, arena: WeightArena | None = None):
+    """The held form of one (out, in) weight matrix for a weight dtype name (dense kinds are
+    carved from arena when one is given)."""
     import torch
 
     if dtype not in WEIGHT_DTYPES:
@@ -197,4 +252,4 @@ def make_linear(weight, dtype: str, device):
     if dtype == "int4":
         return Int4Linear(weight)
     splits = default_splits(device) if dtype == "float32" else 1
-    return DenseLinear(weight, getattr(torch, dtype), splits=splits)
+    return DenseLinear(weight, getattr(torch, dtype), splits=splits, arena=arena)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..errors import InvalidValueError, UnknownNameError
 from .gguf_weights import LlamaConfig, load_state, open_gguf, read_config
 from .kv_cache import CacheSpec, KVCache, make_cache
-from .linear import WEIGHT_DTYPES, make_linear
+from .linear import WEIGHT_DTYPES, WeightArena, make_linear
 
 __all__ = ["WEIGHT_DTYPES", "LlamaModel", "load_gguf"]
 
@@ -55,17 +55,20 @@ class LlamaModel:
             )
         dev, act = self.device, self.dtype
 
+        arena = None
+        if dtype not in ("int8", "int4"):  # dense matrices: one buffer in reading order (huge pages)
+            names = self._matrix_names(config)
+            n_elements = sum(state[n].numel() for n in names)
+            arena = WeightArena(n_elements * getattr(torch, dtype).itemsize + 64 * len(names), dev)  # + alignment
+        self.huge_pages = bool(arena and arena.huge_pages)
+
         def matrix(w):  # (out, in) from the file -> its held form (linear.py)
-            return make_linear(w, dtype, dev)
+            return make_linear(w, dtype, dev, arena)
 
         def weight(name):
             return matrix(state[name])
 
         self.output_norm = state["output_norm.weight"].to(dev, torch.float32)
-        # weight-only int8/int4 keep the head dense fp32: GGUF files keep it at 6-8 bits (SmolLM2's
-        # Q4_1 file: Q8_0), and rounding it to 4 bits changes the greedy tokens
-        head = state["token_embd.weight" if config.tied_embeddings else "output.weight"]
-        self.lm_head = make_linear(head, "float32", dev) if dtype in ("int8", "int4") else matrix(head)
         # a tied embedding looks its rows up in the head: one copy in memory, whatever its dtype
         self.tok_embd = None if config.tied_embeddings else state["token_embd.weight"].to(device=dev, dtype=self.dtype)
         self.layers: list[_Layer] = []
@@ -87,8 +90,19 @@ class LlamaModel:
                     w_down=weight(p + "ffn_down.weight"),
                 )
             )
+        # weight-only int8/int4 keep the head dense fp32: GGUF files keep it at 6-8 bits (SmolLM2's
+        # Q4_1 file: Q8_0), and rounding it to 4 bits changes the greedy tokens
+        head = state["token_embd.weight" if config.tied_embeddings else "output.weight"]
+        self.lm_head = make_linear(head, "float32", dev) if dtype in ("int8", "int4") else matrix(head)
         self._rope_cos, self._rope_sin = self._rope_table(self.n_ctx)
         self._rope_cis = torch.complex(self._rope_cos, self._rope_sin)  # e^(i*angle), (positions, head_dim/2)
+
+    @staticmethod
+    def _matrix_names(config: LlamaConfig) -> list[str]:
+        """The weight matrices the model holds, the LM head included (a tied one is token_embd)."""
+        head = "token_embd.weight" if config.tied_embeddings else "output.weight"
+        per_layer = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+        return [f"blk.{i}.{n}.weight" for i in range(config.n_layers) for n in per_layer] + [head]
 
     # ── construction ──────────────────────────────────────────────────────────────────────────
     @classmethod
