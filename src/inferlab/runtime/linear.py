@@ -100,6 +100,7 @@ class DenseLinear:
         else:
             held = source.to(dtype).contiguous()
         self.w = held.view(splits, k // splits, n) if splits > 1 else held
+        self._one_row = (splits, 1, k // splits)
 
     @property
     def nbytes(self) -> int:
@@ -119,13 +120,11 @@ class DenseLinear:
             return F.linear(x, self.w)
         n, k = self.shape
         rows = x.numel() // k
+        if rows == 1:  # a decode step: (1, K) -> (splits, 1, K/splits), each slice times its part of W^T, summed
+            return torch.bmm(x.reshape(self._one_row), self.w).sum(0).view(x.shape[:-1] + (n,))
         if rows > SPLIT_MAX_ROWS:
             return x @ self.w.view(k, n)
-        # (rows, K) -> (splits, rows, K/splits): each slice times its part of W^T, summed
-        if rows == 1:
-            xs = x.reshape(self.splits, 1, k // self.splits)
-        else:
-            xs = x.reshape(rows, self.splits, k // self.splits).transpose(0, 1)
+        xs = x.reshape(rows, self.splits, k // self.splits).transpose(0, 1)
         return torch.bmm(xs, self.w).sum(0).view(*x.shape[:-1], n)
 
 
