@@ -41,6 +41,14 @@ def _last_logits(llm):
     return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
 
 
+def _top2_gap(logits) -> float:
+    """How far llama.cpp's chosen token leads the runner-up (a near-tie may flip between engines)."""
+    import numpy as np
+
+    top2 = np.partition(logits, -2)[-2:]
+    return float(top2[1] - top2[0])
+
+
 def measure_llama_cpp(path: str, prompt_ids: list[int], n_decode: int, n_ctx: int, repeats: int = 2) -> dict:
     import llama_cpp
 
@@ -55,19 +63,22 @@ def measure_llama_cpp(path: str, prompt_ids: list[int], n_decode: int, n_ctx: in
         t0 = time.perf_counter()
         llm.eval(prompt_ids)  # prefill
         prefill = time.perf_counter() - t0
-        nxt = int(_last_logits(llm).argmax())
-        run, steps = [nxt], []
+        logits = _last_logits(llm)
+        nxt = int(logits.argmax())
+        run, steps, gaps = [nxt], [], [_top2_gap(logits)]
         for _ in range(n_decode - 1):
             t0 = time.perf_counter()
             llm.eval([nxt])  # one decode step
             steps.append(time.perf_counter() - t0)
-            nxt = int(_last_logits(llm).argmax())
+            logits = _last_logits(llm)
+            nxt = int(logits.argmax())
             run.append(nxt)
+            gaps.append(_top2_gap(logits))
         best_prefill = min(best_prefill, prefill)
         best_step = min(best_step, statistics.median(steps))
         tokens = run
     return {"prefill_s": best_prefill, "prefill_tok_per_s": len(prompt_ids) / best_prefill,
-            "decode_step_s": best_step, "decode_tok_per_s": 1.0 / best_step, "tokens": tokens,
+            "decode_step_s": best_step, "decode_tok_per_s": 1.0 / best_step, "tokens": tokens, "top2_gaps": gaps,
             "version": getattr(llama_cpp, "__version__", "?"), "threads": threads}
 
 
@@ -87,6 +98,12 @@ def predictions(path: str, context: int, n_prompt: int) -> dict:
         return out
     except Exception as exc:  # a missing part of inferlab must not stop the measurement
         return {"note": f"no perf_model prediction ({type(exc).__name__}: {exc})"}
+
+
+def _tie_note(per: list[dict]) -> str:
+    """Where the greedy tokens part, how close llama.cpp's own top two were there."""
+    gaps = [p.get("gap_at_first_disagreement") for p in per if p.get("gap_at_first_disagreement") is not None]
+    return f"  (then llama.cpp's top two {min(gaps):.2f} apart)" if gaps else ""
 
 
 def main() -> None:
@@ -136,6 +153,9 @@ def main() -> None:
             m["prefill_ratio_to_llama_cpp"] = m["prefill_tok_per_s"] / lc["prefill_tok_per_s"]
             m["greedy_tokens_agreeing"] = next((i for i, (a, b) in enumerate(zip(m["tokens"], lc["tokens"])) if a != b),
                                                len(m["tokens"]))
+            # llama.cpp's top-two gap where the first disagreement happens (None: none happened)
+            m["gap_at_first_disagreement"] = (lc["top2_gaps"][m["greedy_tokens_agreeing"]]
+                                              if m["greedy_tokens_agreeing"] < len(m["tokens"]) else None)
         rounds.append({"bandwidth": bw, "engines": engines})
         print(f"round {r + 1}: read bandwidth {bw['read_gbps']:.1f} GB/s; decode tok/s "
               + ", ".join(f"{k} {m['decode_tok_per_s']:.1f}" for k, m in engines.items()), flush=True)
@@ -157,10 +177,12 @@ def main() -> None:
               f"{col['decode_bytes_per_step'] / 1e6:>9.1f}{span(col['decode_gbps'], '.2f'):>12}"
               f"{span([100 * x for x in col['share_of_read_bw']], '.0f') + '%':>9}"
               f"{span([100 * x for x in col['share_of_calibrate_bw']], '.0f') + '%':>9}"
-              f"{span(col['decode_ratio_to_llama_cpp'], '.2f') + 'x':>21}{min(col['greedy_tokens_agreeing']):>7}/{args.decode_tokens}")
+              f"{span(col['decode_ratio_to_llama_cpp'], '.2f') + 'x':>21}{min(col['greedy_tokens_agreeing']):>7}/{args.decode_tokens}"
+              + _tie_note(per))
     for r in rounds:
         for m in r["engines"].values():
             m.pop("tokens")
+            m.pop("top2_gaps", None)
     if "note" in pred:
         print(pred["note"])
     else:
