@@ -161,14 +161,14 @@ class LlamaModel:
         if self.dtype == torch.float32:
             if x.numel() == weight.numel() and self.device.type == "cpu":
                 # one row (a decode step): its mean square as a Python float, then two multiplies;
-                # torch.rms_norm spends ~6 small aten ops on it, a tenth of a decode step in all
+                # torch.rms_norm spends several small aten ops (each a thread dispatch) on it
                 flat = x.view(-1)
                 scale = 1.0 / math.sqrt(float(torch.dot(flat, flat)) / flat.numel() + self.config.rms_eps)
                 return torch.mul(x, weight).mul_(scale)
             return torch.rms_norm(x, weight.shape, weight, self.config.rms_eps)  # one aten call, no dtype round trip
         return torch.rms_norm(x.float(), weight.shape, weight, self.config.rms_eps).to(self.dtype)
 
-    def _rope_qk(self, qkv, start: int, b: int, t: int, cis=None):
+    def _rope_qk(self, qkv, start: int, b: int, t: int, cis):
         """Rotated queries and keys, (batch, heads, T, head_dim), from the fused QKV output.
         Adjacent-pair RoPE in fp32 rotates q and k together as complex numbers times e^(i*angle)
         (cis: the positions' rows of that table, (T, 1, head_dim/2), sliced once per forward)."""
@@ -177,8 +177,6 @@ class LlamaModel:
         c = self.config
         hd, q_dim, kv_dim = c.head_dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         if c.rope_style == "norm" and self.dtype == torch.float32:
-            if cis is None:
-                cis = self._rope_cis[start : start + t, None]
             qk = torch.view_as_complex(qkv[..., : q_dim + kv_dim].unflatten(-1, (c.n_heads + c.n_kv_heads, hd // 2, 2)))
             rotated = torch.view_as_real(qk * cis).flatten(-2)  # (b, t, heads, hd)
             return rotated[:, :, : c.n_heads].transpose(1, 2), rotated[:, :, c.n_heads :].transpose(1, 2)
@@ -230,11 +228,8 @@ class LlamaModel:
             key_pos = None
             if cache is not None:
                 k, v, key_pos = cache.update(i, k, v)
-            if t == 1 and key_pos is None:  # one query per sequence sees every key: no mask
-                attn = F.scaled_dot_product_attention(q, k, v, enable_gqa=c.n_kv_heads != c.n_heads)
-            else:
-                mask = self._mask(t, start, k.shape[2], key_pos, window, mask_cache)
-                attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=c.n_kv_heads != c.n_heads)
+            mask = self._mask(t, start, k.shape[2], key_pos, window, mask_cache)  # None for a decode step
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=c.n_kv_heads != c.n_heads)
             x = x + layer.wo(attn.transpose(1, 2).reshape(b, t, q_dim))
             h = self._rms_norm(x, layer.ffn_norm)
             gate, up = layer.w_gate_up(h).split(c.ffn_dim, dim=-1)
