@@ -11,6 +11,7 @@ the figures that go into src/inferlab/data/cpu_limits.json are copied from it by
 this command as their source.
 
     python benchmarks/cpu_decode_rates.py [--repetitions 3] [--models toy-125m,toy-290m]
+    python benchmarks/cpu_decode_rates.py --refit run1.json,run2.json --joint   # pool saved runs
 """
 
 from __future__ import annotations
@@ -60,6 +61,25 @@ def fit(runs: list[dict]) -> dict:
     return fits
 
 
+def fit_joint(runs: list[dict]) -> dict:
+    """One overhead per layer shared by every type and thread count, a rate per (type, threads);
+    least squares on relative error (each row divided by its measured seconds, so fast and slow
+    runs weigh alike). For runs pooled from several sessions of a drifting machine."""
+    types = sorted({k for r in runs for k in r["bytes_by_type"]} - {"F32"})
+    threads = sorted({r["threads"] for r in runs})
+    keys = [(ty, t) for t in threads for ty in types]
+    rows = [([r["n_layer"] / r["s_per_token"]]
+             + [(r["bytes_by_type"].get(ty, 0) if r["threads"] == t else 0) / r["s_per_token"] for ty, t in keys], 1.0)
+            for r in runs]
+    x = solve(rows)
+    resid = [abs(sum(a * b for a, b in zip(row, x)) - 1) for row, _ in rows]
+    rates = {str(t): {ty: 1 / x[1 + keys.index((ty, t))] for ty in types} for t in threads}
+    print(f"joint fit: overhead {x[0] * 1e6:.1f} us/layer; " + "; ".join(
+        f"{t} thread(s) " + ", ".join(f"{ty} {v / 1e9:.2f} GB/s" for ty, v in r.items()) for t, r in rates.items())
+          + f"; worst residual {max(resid):.1%}")
+    return {"overhead_s_per_layer": x[0], "rate_bytes_per_s": rates, "max_rel_residual": max(resid)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repetitions", type=int, default=3)
@@ -67,11 +87,15 @@ def main() -> None:
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1: per-core rates)")
     ap.add_argument("--best", action="store_true", help="multi-thread rate from the fastest repetition, not the median")
-    ap.add_argument("--refit", metavar="JSON", help="only fit again the runs saved in this results file")
+    ap.add_argument("--refit", metavar="JSON[,JSON...]", help="only fit again the runs saved in these results files")
+    ap.add_argument("--joint", action="store_true", help="with --refit: one overhead for every thread count (fit_joint)")
     args = ap.parse_args()
     if args.refit:
-        with open(args.refit) as fh:
-            fit(json.load(fh)["runs"])
+        runs = []
+        for name in args.refit.split(","):
+            with open(name) as fh:
+                runs += json.load(fh)["runs"]
+        (fit_joint if args.joint else fit)(runs)
         return
     cores = physical_cores()
     cpu, _ = probe_cpu()

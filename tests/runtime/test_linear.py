@@ -2,6 +2,8 @@
 stand for: the K-split fp32 matmul, int8 and int4 weight-only kernels, and the embedding rows a
 tied head hands back (one copy in memory)."""
 
+import os
+
 import pytest
 import torch
 
@@ -102,6 +104,8 @@ def test_weight_arena_views_are_aligned_disjoint_and_bounded():
     arena = WeightArena(3 * 1000 * 4 + 64 * 3, "cpu")
     parts = [arena.take((10, 100), torch.float32) for _ in range(3)]
     assert parts[0].data_ptr() % HUGE_PAGE_BYTES == 0  # the used part starts on a huge page
+    if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):  # a Linux kernel with THP
+        assert arena.huge_pages
     assert all(p.data_ptr() % 64 == 0 for p in parts)
     for i, p in enumerate(parts):
         p.fill_(i)

@@ -60,7 +60,6 @@ class LlamaModel:
             names = self._matrix_names(config)
             n_elements = sum(state[n].numel() for n in names)
             arena = WeightArena(n_elements * getattr(torch, dtype).itemsize + 64 * len(names), dev)  # + alignment
-        self.huge_pages = bool(arena and arena.huge_pages)
 
         def matrix(w):  # (out, in) from the file -> its held form (linear.py)
             return make_linear(w, dtype, dev, arena)
