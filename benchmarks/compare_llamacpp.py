@@ -1,7 +1,9 @@
-"""llama.cpp (through llama-cpp-python) and inferlab's torch runtime, side by side, on the same
-GGUF: prefill and decode tokens/s, bytes streamed per decode step and the bandwidth that makes,
-inferlab's speed as a ratio of llama.cpp's, perf_model's prediction for both, and whether the
-greedy tokens agree.
+"""llama.cpp (through llama-cpp-python), inferlab's torch runtime and Hugging Face transformers,
+side by side, on the same GGUF: prefill and decode tokens/s, bytes streamed per decode step and
+the bandwidth that makes, each engine's speed as a ratio of llama.cpp's, perf_model's prediction,
+and whether the greedy tokens agree. transformers dequantizes the GGUF to fp32 (the weights
+inferlab's float32 runtime holds) and generates with its dynamic KV cache; it is skipped when
+transformers or accelerate is missing (pip install 'inferlab[reference]') or with --no-transformers.
 
     python benchmarks/compare_llamacpp.py [--model PATH] [--prompt-tokens 256] [--decode-tokens 64] [--dtypes float32,int4] [--rounds 3]
 
@@ -82,6 +84,54 @@ def measure_llama_cpp(path: str, prompt_ids: list[int], n_decode: int, n_ctx: in
             "version": getattr(llama_cpp, "__version__", "?"), "threads": threads}
 
 
+def load_transformers(path: str):
+    """transformers' LlamaForCausalLM (or its kin) from the GGUF, fp32; None when not installed."""
+    try:
+        import accelerate  # noqa: F401  (transformers needs it to read a GGUF)
+        import transformers
+    except ImportError:
+        return None
+    import torch
+
+    folder, name = os.path.split(os.path.abspath(path))
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+
+
+def measure_transformers(model, prompt_ids: list[int], n_decode: int, repeats: int = 2) -> dict:
+    """Prefill (one forward of the prompt) and greedy decode steps (one forward of the last token
+    with the past keys and values), timed as the other engines are: best prefill, median step."""
+    import torch
+
+    import inspect
+
+    # the past keys and values: `cache=` from transformers 5.24 on (`past_key_values=` is deprecated there)
+    past_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    best_prefill, best_step, tokens = float("inf"), float("inf"), []
+    with torch.inference_mode():
+        model(torch.tensor([prompt_ids[:16]]), use_cache=True)  # warm up
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = model(torch.tensor([prompt_ids]), use_cache=True)
+            prefill = time.perf_counter() - t0
+            nxt = int(out.logits[0, -1].argmax())
+            run, steps, past = [nxt], [], out.past_key_values
+            for _ in range(n_decode - 1):
+                t0 = time.perf_counter()
+                out = model(torch.tensor([[nxt]]), use_cache=True, **{past_kw: past})
+                nxt = int(out.logits[0, -1].argmax())
+                steps.append(time.perf_counter() - t0)
+                run.append(nxt)
+                past = out.past_key_values
+            best_prefill = min(best_prefill, prefill)
+            best_step = min(best_step, statistics.median(steps))
+            tokens = run
+    import transformers
+
+    return {"prefill_s": best_prefill, "prefill_tok_per_s": len(prompt_ids) / best_prefill,
+            "decode_step_s": best_step, "decode_tok_per_s": 1.0 / best_step, "tokens": tokens,
+            "version": transformers.__version__}
+
+
 def predictions(path: str, context: int, n_prompt: int) -> dict:
     try:
         from inferlab import perf_model
@@ -113,7 +163,9 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--dtypes", default="float32,int4", help="inferlab weight dtypes to run (float32, bfloat16, int8, int4).")
     ap.add_argument("--int8", action="store_true", help="Also run inferlab with weight-only int8 weights.")
-    ap.add_argument("--rounds", type=int, default=3, help="Interleaved rounds (llama.cpp, then each inferlab dtype); ranges over them.")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="Interleaved rounds (llama.cpp, each inferlab dtype, transformers); ranges over them.")
+    ap.add_argument("--no-transformers", action="store_true", help="Leave Hugging Face transformers out.")
     args = ap.parse_args()
     try:
         import llama_cpp  # noqa: F401
@@ -133,6 +185,9 @@ def main() -> None:
     state = load_state(reader, config, torch.float32)
     models = {d: model if d == "float32" else LlamaModel(config, state, dtype=d, n_ctx=n_ctx, path=path) for d in dtypes}
     del state
+    hf = None if args.no_transformers else load_transformers(path)
+    if hf is None and not args.no_transformers:
+        print("transformers or accelerate is not installed: its row is left out (pip install 'inferlab[reference]')")
     ids = prompt_of(tok, args.prompt_tokens)
     mid_ctx = len(ids) + args.decode_tokens // 2
     file_bytes, lc_weight_step = gguf_decode_bytes(path)
@@ -146,6 +201,11 @@ def main() -> None:
         engines = {"llama.cpp": lc}
         for d, m in models.items():
             engines[f"inferlab {d}"] = measure_runtime(m, ids, args.decode_tokens, repeats=1 if args.rounds > 1 else 2)
+        if hf is not None:  # the fp32 weights and fp32 KV cache of inferlab's float32 model: the same bytes a step
+            hm = measure_transformers(hf, ids, args.decode_tokens, repeats=1 if args.rounds > 1 else 2)
+            hm["decode_bytes_per_step"] = model.decode_weight_bytes + model.config.kv_bytes_per_token(4) * mid_ctx
+            hm["decode_gbps"] = hm["decode_bytes_per_step"] / hm["decode_step_s"] / 1e9
+            engines["transformers fp32"] = hm
         for m in engines.values():
             m["share_of_read_bw"] = m["decode_gbps"] / bw["read_gbps"]
             m["share_of_calibrate_bw"] = m["decode_gbps"] / bw["calibrate_gbps"]
@@ -164,7 +224,7 @@ def main() -> None:
     print(f"\n{os.path.basename(path)}: {len(ids)} prompt tokens, {args.decode_tokens} decoded, batch 1, "
           f"{torch.get_num_threads()} threads; read bandwidth {span([r['bandwidth']['read_gbps'] for r in rounds], '.1f')} GB/s; "
           f"ranges over {len(rounds)} round(s)")
-    print(f"{'engine':<18}{'prefill tok/s':>14}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>12}{'% bw':>9}{'% calib':>9}"
+    print(f"{'engine':<19}{'prefill tok/s':>14}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>12}{'% bw':>9}{'% calib':>9}"
           f"{'decode vs llama.cpp':>21}{'greedy =':>10}")
     summary = {}
     for name in rounds[0]["engines"]:
@@ -173,12 +233,17 @@ def main() -> None:
                                                "share_of_calibrate_bw", "decode_ratio_to_llama_cpp", "prefill_ratio_to_llama_cpp", "greedy_tokens_agreeing")}
         col["decode_bytes_per_step"] = per[0]["decode_bytes_per_step"]
         summary[name] = col
-        print(f"{name:<18}{span(col['prefill_tok_per_s'], '.0f'):>14}{span(col['decode_tok_per_s'], '.1f'):>14}"
+        print(f"{name:<19}{span(col['prefill_tok_per_s'], '.0f'):>14}{span(col['decode_tok_per_s'], '.1f'):>14}"
               f"{col['decode_bytes_per_step'] / 1e6:>9.1f}{span(col['decode_gbps'], '.2f'):>12}"
               f"{span([100 * x for x in col['share_of_read_bw']], '.0f') + '%':>9}"
               f"{span([100 * x for x in col['share_of_calibrate_bw']], '.0f') + '%':>9}"
               f"{span(col['decode_ratio_to_llama_cpp'], '.2f') + 'x':>21}{min(col['greedy_tokens_agreeing']):>7}/{args.decode_tokens}"
               + _tie_note(per))
+    if "transformers fp32" in rounds[0]["engines"] and "inferlab float32" in rounds[0]["engines"]:
+        same = [sum(a == b for a, b in zip(r["engines"]["inferlab float32"]["tokens"], r["engines"]["transformers fp32"]["tokens"]))
+                for r in rounds]
+        summary["greedy_tokens_equal_inferlab_float32_vs_transformers"] = same
+        print(f"greedy tokens, inferlab float32 vs transformers fp32 (the same fp32 weights): {min(same)}/{args.decode_tokens} equal")
     for r in rounds:
         for m in r["engines"].values():
             m.pop("tokens")

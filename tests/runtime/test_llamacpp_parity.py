@@ -2,22 +2,9 @@
 ids and a greedy continuation."""
 
 import pytest
+from _texts import GREEDY_PROMPT, TOKENIZER_STRINGS
 
 pytestmark = pytest.mark.engine
-
-TOKENIZER_STRINGS = [
-    "Hello world",
-    "The three primary colors are",
-    "  two leading spaces and trailing  ",
-    "tabs\tand\nnewlines\n\n\nand   runs    of spaces",
-    "digits: 12345, 3.14159, 1,000,000 and 2024-11-29",
-    "naïve café, Zürich, señor, déjà vu",
-    "日本語のテキストと中文",
-    "emoji 🤖🚀 and symbols ∑∫√ ≤ ≥ →",
-    "it's, I'm, they're, we'll, you'd, can't",
-    "def f(x):\n    return x**2  # comment",
-    "<|im_start|> not special without parse_special",
-]
 
 
 @pytest.mark.parametrize("text", TOKENIZER_STRINGS)
@@ -43,12 +30,6 @@ def test_decode_round_trips(smollm):
         assert tok.decode(tok.encode(text, special=False)) == text
 
 
-# The fixed prompt of the greedy tests. Two engines that round differently can agree token for token
-# only where no near-tie occurs (the teacher-forced test below measures where they flip); this
-# prompt's 32-token greedy path has no near-tie: llama.cpp's top two are at least 1.23 apart at
-# every step and inferlab's at least 0.97 (AMD EPYC Zen 4, 2026-11-30). "Recite the English
-# alphabet." agreed on Zen 3 but not on Zen 4: its fourth token is a 0.11 tie (" is" / " consists").
-GREEDY_PROMPT = "Write the numbers from 1 to 20, separated by commas."
 
 
 def _assert_same_greedy(llm, tok, ids, ours, theirs):
@@ -117,7 +98,7 @@ def test_next_token_agrees_wherever_llama_cpp_is_not_near_a_tie(smollm, llama_cp
 @pytest.mark.slow
 def test_int4_weights_greedy_continuation_equals_llama_cpp(smollm_file, smollm, llama_cpp_model):
     """Weights held as int4 (the file's Q4_1 blocks, repacked for torch's int4 kernel; bf16
-    activations in the matmuls; the Q8_0 head kept fp32): still llama.cpp's 32 greedy tokens."""
+    activations in the matmuls; the Q8_0 head as int8 with a scale per row): still llama.cpp's 32 greedy tokens."""
     from inferlab.runtime.generate import generate
     from inferlab.runtime.llama import LlamaModel
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 # runtime weight dtype -> the GGML type perf_model sizes weights with; KV cache kind -> kv_type
 _QUANT_BY_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int8": "Q8_0",
-                   "int4": "Q4_1"}  # int4: 4-bit groups of 32 with a scale and zero, as Q4_1 (the head stays fp32)
+                   "int4": "Q4_1"}  # int4: 4-bit groups of 32 with a scale and zero, as Q4_1 (the head int8)
 _KV_TYPE_BY_CACHE = {"contiguous": "f32", "paged": "f32", "window": "f32", "int8": "q8_0"}
 
 
