@@ -12,6 +12,10 @@ this command as their source.
 
     python benchmarks/cpu_decode_rates.py [--repetitions 3] [--models toy-125m,toy-290m]
     python benchmarks/cpu_decode_rates.py --refit run1.json,run2.json --joint   # pool saved runs
+    python benchmarks/cpu_decode_rates.py --refit-stored epyc-zen4-2vcpu-kvm      # the stored figures, again
+
+With --n-prompt N it also times pp<N> at the largest thread count and fits each type's share of
+the fp32 peak in prompt processing (cpu_model.prefill_eff_vs_fp32_peak).
 """
 
 from __future__ import annotations
@@ -24,10 +28,20 @@ import statistics
 import time
 from datetime import datetime, timezone
 
+from inferlab.hardware.detect import detect_machine
 from inferlab.hardware.probes.cpu import probe_cpu
 from inferlab.hardware.validate import FIT_MODELS, TOY_MODELS, decode_bytes_by_type, llama_bench, physical_cores, toy_model
 
-TYPES = {"Q4_K": "Q4_K_M", "Q6_K": "Q6_K", "Q8_0": "Q8_0", "F16": "F16"}  # measured type -> the preset made --pure
+TYPES = {"Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K": "Q4_K_M", "Q6_K": "Q6_K", "Q8_0": "Q8_0", "F16": "F16"}  # measured type -> the preset made --pure
+
+
+def applies(ty: str, model: str) -> bool:
+    """Whether every matrix of the toy model can be ``ty`` (its block divides the row lengths);
+    otherwise llama-quantize falls back per tensor to a type not measured here."""
+    from inferlab.quant.types import ggml_type
+
+    cfg = TOY_MODELS[model]
+    return cfg.n_embd % ggml_type(ty).block_size == 0 and cfg.n_ff % ggml_type(ty).block_size == 0
 
 
 def solve(rows: list[tuple[list[float], float]]) -> list[float]:
@@ -80,33 +94,79 @@ def fit_joint(runs: list[dict]) -> dict:
     return {"overhead_s_per_layer": x[0], "rate_bytes_per_s": rates, "max_rel_residual": max(resid)}
 
 
+def prefill_flops_per_token(model: str, n_prompt: int) -> float:
+    """Weight-matmul FLOPs per prompt token of a toy model in a pp<n_prompt> test: 2 per block
+    weight, the output head once per batch (validate.prefill_flops_by_type, from the config)."""
+    c = TOY_MODELS[model]
+    block = c.n_layer * c.n_embd * (2 * c.n_embd + 2 * c.n_head_kv * c.head_dim + 3 * c.n_ff)
+    return 2.0 * (block + c.n_vocab * c.n_embd / n_prompt)
+
+
+def fit_prefill(runs: list[dict], fp32_flops: float) -> dict:
+    """Per type: the share of the fp32 peak (fp32_flops, all cores) that pp<n> reached, the median
+    over the runs (pure-type models: each run is one type)."""
+    effs: dict[str, list[float]] = {}
+    for r in runs:
+        if r.get("pp_tok_s"):
+            pp = statistics.median(r["pp_tok_s"])
+            peak = fp32_flops * r["threads"] / r.get("cores", r["threads"])
+            effs.setdefault(r["type"], []).append(prefill_flops_per_token(r["model"], r["n_prompt"]) * pp / peak)
+    out = {ty: round(statistics.median(v), 2) for ty, v in sorted(effs.items())}
+    if effs:
+        print("prefill, share of the fp32 peak: " + ", ".join(
+            f"{ty} {out[ty]:.2f} ({min(v):.2f}-{max(v):.2f}, {len(v)} runs)" for ty, v in sorted(effs.items())))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repetitions", type=int, default=3)
     ap.add_argument("--models", default=",".join(FIT_MODELS))
     ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--types", default=",".join(TYPES), help="comma-separated ggml types to measure")
+    ap.add_argument("--n-prompt", type=int, default=0, help="also measure pp<N> (prefill) at the largest thread count")
     ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1: per-core rates)")
     ap.add_argument("--best", action="store_true", help="multi-thread rate from the fastest repetition, not the median")
+    ap.add_argument("--out", default="benchmarks/results/cpu_decode_rates.json", help="results file to write")
     ap.add_argument("--refit", metavar="JSON[,JSON...]", help="only fit again the runs saved in these results files")
+    ap.add_argument("--refit-stored", metavar="REFERENCE_ID", help="fit again the measurements stored in data/cpu_limits.json (joint)")
     ap.add_argument("--joint", action="store_true", help="with --refit: one overhead for every thread count (fit_joint)")
     args = ap.parse_args()
+    if args.refit_stored:
+        from inferlab.hardware.cpu_model import limits
+
+        ref = next(r for r in limits()["references"] if r["id"] == args.refit_stored)
+        runs = [{"model": m["model"], "type": m["type"], "threads": m["threads"], "n_layer": TOY_MODELS[m["model"]].n_layer,
+                 "bytes_by_type": {m["type"]: m["weight_bytes_per_token"]}, "s_per_token": 1 / m["tg_tok_s"],
+                 "n_prompt": m.get("n_prompt", 0), "pp_tok_s": [m["pp_tok_s"]] if "pp_tok_s" in m else []} for m in ref["measurements"]]
+        fit_joint(runs)
+        fit_prefill(runs, ref["fp32_peak_tflops"] * 1e12)
+        return
     if args.refit:
-        runs = []
+        runs, peaks = [], set()
         for name in args.refit.split(","):
             with open(name) as fh:
-                runs += json.load(fh)["runs"]
+                saved = json.load(fh)
+            runs += saved["runs"]
+            peaks.add(saved.get("fp32_tflops"))
         (fit_joint if args.joint else fit)(runs)
+        if len(peaks) == 1 and None not in peaks:  # the fp32 peak detect read where the runs were made
+            fit_prefill(runs, peaks.pop() * 1e12)
         return
     cores = physical_cores()
     cpu, _ = probe_cpu()
+    fp32_tflops = detect_machine().ram.fp32_tflops
     threads = sorted({int(t) for t in args.threads.split(",")})
     runs = []
     for model in args.models.split(","):
-        for ty, preset in TYPES.items():
-            path = toy_model(model, preset, pure=True)
+        for ty in args.types.split(","):
+            if not applies(ty, model):
+                continue
+            path = toy_model(model, TYPES[ty], pure=True)
             by_type = decode_bytes_by_type(path)
             for t in threads:
-                r = llama_bench(path, t, n_prompt=0, n_gen=args.n_gen, repetitions=args.repetitions)
+                n_prompt = args.n_prompt if t == max(threads) else 0
+                r = llama_bench(path, t, n_prompt=n_prompt, n_gen=args.n_gen, repetitions=args.repetitions)
                 # One thread: tokens per CPU-second of the computing thread (immune to other
                 # processes sharing the cores). More threads: the median wall-clock repetition
                 # (--best: the fastest, the least disturbed one on a busy machine). For a quiet
@@ -118,18 +178,21 @@ def main() -> None:
                     rate = max(r.tg_tok_s) if args.best else r.tg
                 runs.append({"model": model, "type": ty, "threads": t, "n_layer": TOY_MODELS[model].n_layer,
                              "bytes_by_type": by_type, "tg_tok_s": list(r.tg_tok_s), "tg_cpu_tok_s": list(r.tg_cpu_tok_s),
-                             "tg_median": r.tg, "rate_tok_s": rate, "s_per_token": 1 / rate})
+                             "tg_median": r.tg, "rate_tok_s": rate, "s_per_token": 1 / rate,
+                             "n_prompt": n_prompt, "pp_tok_s": list(r.pp_tok_s), "cores": cores})
                 print(f"{model:9s} {ty:5s} {t} thread(s): tg{args.n_gen} {r.tg:7.2f} tok/s wall, {rate:7.2f} tok/s used  "
-                      f"{sum(by_type.values()) / 1e6:7.1f} MB/token  -> {sum(by_type.values()) * rate / 1e9:5.2f} GB/s", flush=True)
+                      f"{sum(by_type.values()) / 1e6:7.1f} MB/token  -> {sum(by_type.values()) * rate / 1e9:5.2f} GB/s"
+                      + (f"; pp{n_prompt} {r.pp:7.1f} tok/s" if n_prompt else ""), flush=True)
     fits = fit(runs)
+    prefill = fit_prefill(runs, fp32_tflops * 1e12) if fp32_tflops else {}
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu.model if cpu else "unknown",
            "features": list(cpu.features) if cpu else [], "physical_cores": cores, "host": platform.node(),
            "command": "python benchmarks/cpu_decode_rates.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-           "runs": runs, "fits": fits}
+           "fp32_tflops": fp32_tflops, "runs": runs, "fits": fits, "prefill_eff_vs_fp32_peak": prefill}
     os.makedirs("benchmarks/results", exist_ok=True)
-    with open("benchmarks/results/cpu_decode_rates.json", "w") as fh:
+    with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)
-    print("wrote benchmarks/results/cpu_decode_rates.json")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -124,11 +124,16 @@ def _cpu_rate():
     return cpu_decode_rate_for_placement
 
 
-def _cpu_overhead() -> float:
-    from .hardware.catalog import DDR5_DUAL
+def _cpu_overhead():
     from .hardware.cpu_model import decode_overhead_s_per_layer
 
-    return decode_overhead_s_per_layer(DDR5_DUAL)  # the measured reference CPU's graph/sync cost per block
+    return decode_overhead_s_per_layer  # the graph/sync cost per block of the CPU's measured reference
+
+
+def _cpu_prefill_rate():
+    from .hardware.cpu_model import cpu_prefill_flops_per_s_for_placement
+
+    return cpu_prefill_flops_per_s_for_placement
 
 
 @cache
@@ -140,8 +145,11 @@ def CALIBRATED() -> SpeedModel:  # noqa: N802 (a constant built lazily)
         "calibrated",
         decode_bw_eff_by_backend={b: v["eta"] for b, v in k.items() if v},
         prefill_compute_eff_by_backend={b: v["eps"] for b, v in k.items() if v},
-        layer_overhead_s={**{b: v["layer_overhead_s"] for b, v in k.items() if v}, "cpu": _cpu_overhead()},
+        layer_overhead_s={b: v["layer_overhead_s"] for b, v in k.items() if v},
         cpu_decode_rate=_cpu_rate(),
+        cpu_layer_overhead=_cpu_overhead(),
+        cpu_prefill_rate=_cpu_prefill_rate(),
+        prefill_head_every_token=False,
         op_offload_transfers_per_ubatch=True,
         attention_flops=True,
         pcie_eff=0.8,

@@ -33,6 +33,9 @@ class SpeedModel:
     decode_compute_eff: float = 0.5  # for batched decode on the compute roof
     layer_overhead_s: dict = field(default_factory=dict)  # backend -> fixed seconds per block per step (launches, syncs)
     cpu_decode_rate: object = None  # callable(device, ggml bytes) -> bytes/s limit of dequantize+dot on CPU cores, or None
+    cpu_layer_overhead: object = None  # callable(device) -> seconds per block per step on that CPU (else layer_overhead_s["cpu"])
+    cpu_prefill_rate: object = None  # callable(device, placement) -> FLOP/s of that CPU's prompt matmuls (else ε·P)
+    prefill_head_every_token: bool = True  # lesson: the output head runs for every prompt token; llama.cpp: the last only
     op_offload_transfers_per_ubatch: bool = False  # lesson: CPU weights cross PCIe once per prompt
     n_ubatch: int = 512
     attention_flops: bool = True  # count QK^T and AV FLOPs in prefill
@@ -65,6 +68,12 @@ def expert_read_fraction(n_experts: int, n_used: int, batch: int) -> float:
     if not n_experts:
         return 0.0
     return 1.0 - (1.0 - n_used / n_experts) ** batch
+
+
+def _layer_overhead_s(model: SpeedModel, hw: Device) -> float:
+    if hw.is_cpu and model.cpu_layer_overhead is not None:
+        return model.cpu_layer_overhead(hw)  # the measured CPU's own graph and barrier cost per block
+    return model.layer_overhead_s.get(hw.backend, 0.0)
 
 
 def decode_step_time(placement: Placement, machine: Machine, context: int, batch: int = 1, model: SpeedModel = LESSON) -> dict:
@@ -102,7 +111,7 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
             mem_s = bytes_ / bw
             flops = batch * (d.flops_per_token + d.attn_flops_per_token_ctx * context)
             comp_s = flops / (hw.fp16_flops * model.decode_compute_eff)
-            over = model.layer_overhead_s.get(hw.backend, 0.0) * d.n_blocks
+            over = _layer_overhead_s(model, hw) * d.n_blocks
             t = max(mem_s, comp_s) + over if (bytes_ or flops) else 0.0
             p = {"device": d.name, "kind": d.kind, "s": t, "bytes": bytes_, "weights_bytes": weights, "kv_bytes": kv,
                  "memory_s": mem_s, "compute_s": comp_s, "overhead_s": over,
@@ -143,8 +152,11 @@ def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: S
     avg_ctx = context + n_tokens / 2 if model.attention_flops else 0  # mean cached tokens a prompt token attends to
     per = []
     pcie_s = 0.0
+    head = 2.0 * placement.model.vocab_size * placement.model.d_model  # FLOPs of the output head per token
     for d, h in zip(placement.devices, hw):
         flops = n_tokens * (d.flops_per_token + d.attn_flops_per_token_ctx * avg_ctx)
+        if d.has_output and not model.prefill_head_every_token:
+            flops -= (n_tokens - 1) * head  # logits for the batch's last token only
         if not flops:
             per.append({"device": d.name, "s": 0.0, "compute_s": 0.0, "transfer_s": 0.0, "where": h.name})
             continue
@@ -154,8 +166,11 @@ def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: S
             runs_on = gpu_hw  # op offload: the CPU layers' matmuls run on the GPU
             moved = d.dense_read_bytes + d.expert_bytes
             transfer = moved * (n_ub if model.op_offload_transfers_per_ubatch else 1) / (machine.pcie_gbs * 1e9 * model.pcie_eff)
-        comp = flops / (runs_on.fp16_flops * model.eps(runs_on))
-        over = model.layer_overhead_s.get(runs_on.backend, 0.0) * d.n_blocks * n_ub
+        if runs_on.is_cpu and model.cpu_prefill_rate is not None:
+            comp = flops / model.cpu_prefill_rate(runs_on, placement)  # the CPU's measured rate for these weight types
+        else:
+            comp = flops / (runs_on.fp16_flops * model.eps(runs_on))
+        over = _layer_overhead_s(model, runs_on) * d.n_blocks * n_ub
         per.append({"device": d.name, "s": comp + transfer + over, "compute_s": comp, "transfer_s": transfer, "where": runs_on.name})
         pcie_s += transfer
     total = sum(p["s"] for p in per)

@@ -18,7 +18,9 @@ from ..errors import InvalidValueError, UnknownNameError
 from .device import Device
 
 # Types a rate can be asked for but which were not measured: the measured type with the same
-# kernel family and the nearest bits per weight stands in (noted in the entry's source).
+# kernel family and the nearest bits per weight stands in (noted in the entry's source). A
+# reference that measured Q4_0/Q4_1 uses its own figures (on Zen 4 Q4_1's kernel runs at about
+# half Q4_K's bytes per second: no repacked or tinyBLAS path for it).
 _STAND_IN = {"Q4_0": "Q4_K", "Q4_1": "Q4_K", "Q5_K": "Q6_K", "Q5_0": "Q6_K", "Q5_1": "Q6_K", "Q3_K": "Q4_K",
              "Q2_K": "Q4_K", "IQ4_XS": "Q4_K", "IQ4_NL": "Q4_K", "BF16": "F16"}
 
@@ -56,6 +58,14 @@ def reference_for(device: Device) -> dict:
     return measured_reference(device) or limits()["references"][0]
 
 
+def _measured_key(table: Mapping[str, float], ggml_type: str, what: str) -> str:
+    key = ggml_type.upper()
+    key = key if key in table else _STAND_IN.get(key, key)
+    if key not in table:
+        raise UnknownNameError(what, ggml_type, list(table) + list(_STAND_IN))
+    return key
+
+
 def cpu_decode_rate_bytes_per_s(device: Device, ggml_type: str, n_threads: int | None = None) -> float:
     """Bytes of ``ggml_type`` weights per second that llama.cpp's CPU kernels can dequantize and
     dot with one token's activations, using ``n_threads`` threads on ``device`` (default: its
@@ -67,17 +77,10 @@ def cpu_decode_rate_bytes_per_s(device: Device, ggml_type: str, n_threads: int |
     """
     if not device.is_cpu:
         raise InvalidValueError(f"{device.name!r} is a {device.backend} device; CPU decode rates apply to cpu devices")
-    cores = device.n_cores or 1
-    threads = cores if n_threads is None else n_threads
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise InvalidValueError(f"n_threads must be an integer >= 1, got {n_threads!r}")
+    used = _threads_used(device, n_threads)
     ref = reference_for(device)
     rates = ref["per_core_bytes_per_s"]
-    key = ggml_type.upper()
-    key = key if key in rates else _STAND_IN.get(key, key)
-    if key not in rates:
-        raise UnknownNameError("ggml type with a measured CPU rate", ggml_type, list(rates) + list(_STAND_IN))
-    used = min(threads, cores)
+    key = _measured_key(rates, ggml_type, "ggml type with a measured CPU rate")
     eff = ref["parallel_efficiency"][key] if used > 1 else 1.0  # threads synchronise after every matmul
     return rates[key] * used * eff  # per-core rate x threads x measured parallel efficiency
 
@@ -93,9 +96,43 @@ def cpu_decode_rate_for_mix(device: Device, bytes_by_type: Mapping[str, float], 
 
 
 def decode_overhead_s_per_layer(device: Device) -> float:
-    """Fixed seconds per transformer block per decode step on the CPU backend (graph and
-    thread synchronisation), fitted with the rates."""
+    """Fixed seconds per transformer block per decode step on the CPU backend: the block's ~20
+    small graph nodes (norms, RoPE, attention, activations) and the threads' barrier after each,
+    which cost the same in a thin model as in a wide one; fitted with the rates."""
     return reference_for(device)["overhead_s_per_layer"]
+
+
+def _threads_used(device: Device, n_threads: int | None) -> int:
+    cores = device.n_cores or 1
+    threads = cores if n_threads is None else n_threads
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InvalidValueError(f"n_threads must be an integer >= 1, got {n_threads!r}")
+    return min(threads, cores)
+
+
+def prefill_eff_vs_fp32_peak(device: Device, ggml_type: str) -> float:
+    """Share of the CPU's fp32 peak that llama.cpp's prompt matmuls reach with ``ggml_type``
+    weights (measured per type: each type has its own kernel path, repacked, tinyBLAS or the
+    plain dot loop). A reference without per-type figures has one for every type."""
+    ref = reference_for(device)
+    by_type = ref.get("prefill_eff_vs_fp32_peak_by_type")
+    if not by_type:
+        return ref["prefill_eff_vs_fp32_matmul"]  # one figure for every type (the Zen 3 entry)
+    try:
+        return by_type[_measured_key(by_type, ggml_type, "ggml type with a measured prefill efficiency")]
+    except UnknownNameError:
+        return ref["prefill_eff_vs_fp32_matmul"]  # a type nobody measured: the reference's median
+
+
+def cpu_prefill_s(device: Device, flops_by_type: Mapping[str, float], n_threads: int | None = None) -> float:
+    """Seconds the CPU's prompt matmuls take for ``flops_by_type`` (2 FLOP per weight per token,
+    by the weights' ggml type): each type at its measured share of the fp32 peak of the threads
+    used (the cores share the peak evenly; SMT adds nothing)."""
+    if not device.is_cpu:
+        raise InvalidValueError(f"{device.name!r} is a {device.backend} device; CPU prefill rates apply to cpu devices")
+    used = _threads_used(device, n_threads)
+    peak = (device.fp32_tflops or device.fp16_tflops) * 1e12 * used / (device.n_cores or 1)
+    return sum(f / (prefill_eff_vs_fp32_peak(device, ty) * peak) for ty, f in flops_by_type.items() if f)
 
 
 def cpu_decode_rate_for_placement(device: Device, placement, n_threads: int | None = None) -> float:
@@ -108,8 +145,29 @@ def cpu_decode_rate_for_placement(device: Device, placement, n_threads: int | No
 def _rate_for_plan(device: Device, model, scheme, n_threads: int | None) -> float:
     from ..quant.plan import tensor_plan
 
+    plan = tensor_plan(model, scheme)
+    tied = not any(t.name == "output.weight" for t in plan)  # then token_embd is the output head too
     mix: dict[str, float] = {}
-    for t in tensor_plan(model, scheme):
-        if t.name != "token_embd.weight" and t.ggml_type != "F32":
+    for t in plan:
+        if (t.name != "token_embd.weight" or tied) and t.ggml_type != "F32":
             mix[t.ggml_type] = mix.get(t.ggml_type, 0.0) + t.n_bytes
     return cpu_decode_rate_for_mix(device, mix, n_threads)
+
+
+def cpu_prefill_flops_per_s_for_placement(device: Device, placement, n_threads: int | None = None) -> float:
+    """``SpeedModel.cpu_prefill_rate``'s signature: FLOP/s of the CPU's prompt matmuls for the
+    model's own mix of block weight types (the output head runs for one token only)."""
+    return _prefill_rate_for_plan(device, placement.model, placement.scheme, n_threads)
+
+
+@lru_cache(maxsize=4096)
+def _prefill_rate_for_plan(device: Device, model, scheme, n_threads: int | None) -> float:
+    from ..quant.plan import tensor_plan
+
+    flops: dict[str, float] = {}
+    for t in tensor_plan(model, scheme):
+        if t.layer is not None and len(t.shape) > 1 and t.ggml_type != "F32":
+            flops[t.ggml_type] = flops.get(t.ggml_type, 0.0) + 2.0 * t.n_elements
+    if not flops:
+        raise InvalidValueError(f"{model.name!r} has no block weights to time")
+    return sum(flops.values()) / cpu_prefill_s(device, flops, n_threads)

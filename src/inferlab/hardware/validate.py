@@ -66,13 +66,16 @@ TOY_MODELS: dict[str, ToyConfig] = {
     "toy-125m": ToyConfig("toy-125m", n_embd=768, n_layer=12, n_ff=2048, n_head=12, n_head_kv=4),
     "toy-200m": ToyConfig("toy-200m", n_embd=1024, n_layer=12, n_ff=2816, n_head=16, n_head_kv=4),
     "toy-290m": ToyConfig("toy-290m", n_embd=1024, n_layer=20, n_ff=2816, n_head=16, n_head_kv=4),
+    # SmolLM2-135M's shape (thin and deep, a large vocabulary): its rows of 576 take only the
+    # 32-weight block types (Q4_0, Q4_1, Q8_0, F16); K-quants would fall back per tensor
+    "toy-smol": ToyConfig("toy-smol", n_embd=576, n_layer=30, n_ff=1536, n_head=9, n_head_kv=3, n_vocab=49152),
 }
 # cpu_model's rates are fitted on toy-125m and toy-290m only: toy-200m is held out for the test.
 FIT_MODELS = ("toy-125m", "toy-290m")
 
 # llama_ftype values (llama.h) of the presets validate can make; "pure" variants put every
 # tensor in one type (llama-quantize --pure), which cpu_model's measurements use.
-FTYPES = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+FTYPES = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 
 
 def cache_dir() -> str:
@@ -375,6 +378,22 @@ def decode_limits(bytes_by_type: dict[str, int], n_layer: int, ram, n_threads: i
     return DecodeLimits(memory_s, compute_s, overhead_s, eta, ram.bandwidth_gbs)
 
 
+def prefill_flops_by_type(spec: ModelSpec, n_prompt: int) -> dict[str, float]:
+    """Weight-matmul FLOPs of one n_prompt-token batch, by the weights' ggml type: 2 per block
+    weight per token; the output head (output.weight, or token_embd when tied) for the last
+    token only (llama-bench, like a server, asks for the last token's logits); token_embd
+    otherwise a row lookup. Attention (a few % at these lengths) is left out."""
+    tied = not any(t.name == "output.weight" for t in spec.tensors)
+    head = "token_embd.weight" if tied else "output.weight"
+    out: dict[str, float] = {}
+    for t in spec.tensors:
+        if len(t.shape) < 2 or t.ggml_type == "F32" or (t.name == "token_embd.weight" and not tied):
+            continue
+        tokens = 1 if t.name == head else n_prompt
+        out[t.ggml_type] = out.get(t.ggml_type, 0.0) + 2.0 * _n_elements(t) * tokens
+    return out
+
+
 def _predict_with_perf_model(model_path: str, preset: str, machine, n_prompt: int, n_gen: int) -> tuple[float | None, float | None, str]:
     """(pp, tg, why-not) from the calibrated speed model, when it is importable and answers."""
     try:
@@ -397,9 +416,8 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
     machine = machine or detect_machine()
     n_threads = n_threads or physical_cores()
     jobs = [(m, p, toy_model(m, p)) for m in models for p in presets] + [(os.path.basename(g), None, g) for g in gguf_paths]
-    from .cpu_model import reference_for
+    from .cpu_model import cpu_prefill_s
 
-    prefill_eff = reference_for(machine.ram)["prefill_eff_vs_fp32_matmul"]
     rows = []
     for name, preset, path in jobs:
         spec = model_from_gguf(path)
@@ -409,12 +427,8 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
         limits = decode_limits(by_type, spec.n_layers, machine.ram, n_threads)
         pm_pp, pm_tg, why = _predict_with_perf_model(path, preset, machine, n_prompt, n_gen)
         pp = None
-        if n_prompt and machine.ram.fp32_tflops:
-            weights = sum(_n_elements(t) for t in spec.tensors if t.name != "token_embd.weight" and len(t.shape) > 1)
-            flops = 2.0 * weights * n_prompt  # one multiply-add per weight per prompt token
-            cores = machine.ram.n_cores or n_threads
-            peak = machine.ram.fp32_tflops * 1e12 * min(n_threads, cores) / cores  # the matmul rate of the threads used
-            pp = n_prompt / (flops / (prefill_eff * peak))
+        if n_prompt:
+            pp = n_prompt / cpu_prefill_s(machine.ram, prefill_flops_by_type(spec, n_prompt), n_threads)
         row = ValidationRow(name, preset, sum(_n_elements(t) for t in spec.tensors), sum(by_type.values()), n_threads,
                             measured, limits, pp, pm_pp, pm_tg, why)
         rows.append(row)
