@@ -1,5 +1,5 @@
 """The held weight matrices (runtime/linear.py) against plain fp32 matmuls of the matrices they
-stand for: the K-split fp32 matmul, int8 and int4 weight-only kernels, and the embedding rows a
+stand for: the dense fp32 matmul (one row padded to two, a few rows, many rows), int8 and int4 weight-only kernels, and the embedding rows a
 tied head hands back (one copy in memory)."""
 
 import os
@@ -19,25 +19,29 @@ def weight():
     return torch.randn(192, 96, generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 4])
-@pytest.mark.parametrize("rows", [1, 3, 16])
-def test_dense_k_split_equals_plain_matmul(weight, splits, rows):
-    lin = DenseLinear(weight, torch.float32, splits=splits)
-    x = torch.randn(1, rows, weight.shape[1], generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 16])
+@pytest.mark.parametrize("lead", [(), (1,), (2,)])
+def test_dense_equals_plain_matmul_for_every_row_count(weight, rows, lead):
+    """1 row (padded to two), 2-8 (W @ x^T), more (F.linear), under any leading dims."""
+    lin = DenseLinear(weight, torch.float32)
+    x = torch.randn(*lead, rows, weight.shape[1], generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(lin(x), x @ weight.T, rtol=1e-5, atol=1e-5)
-    assert lin(x).shape == (1, rows, weight.shape[0])
-    assert lin.nbytes == weight.nbytes  # one copy, however it is split
+    assert lin(x).shape == (*lead, rows, weight.shape[0]) and lin(x).is_contiguous()
+    assert lin.nbytes == weight.nbytes  # one copy
 
 
-def test_dense_split_falls_back_to_a_divisor_of_k():
-    w = torch.randn(8, 10)
-    assert DenseLinear(w, torch.float32, splits=4).splits == 2  # 10 is not divisible by 4 or 3
+def test_dense_one_row_steps_do_not_leak_into_each_other(weight):
+    """The padding row stays zero: successive one-row products are each exact."""
+    lin = DenseLinear(weight, torch.float32)
+    for seed in range(3):
+        x = torch.randn(1, 1, weight.shape[1], generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(lin(x), x @ weight.T, rtol=1e-5, atol=1e-5)
+    assert not lin._pair[1].any()
 
 
-@pytest.mark.parametrize("splits", [1, 2])
-def test_dense_rows_are_the_weight_rows(weight, splits):
+def test_dense_rows_are_the_weight_rows(weight):
     ids = torch.tensor([[0, 5], [191, 7]])
-    lin = DenseLinear(weight, torch.float32, splits=splits)
+    lin = DenseLinear(weight, torch.float32)
     torch.testing.assert_close(lin.rows(ids), weight[ids], rtol=0, atol=0)
 
 
