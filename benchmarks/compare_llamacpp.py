@@ -140,10 +140,14 @@ def predictions(path: str, context: int, n_prompt: int) -> dict:
 
         spec, machine = model_from_gguf(path), detect_machine()
         out = {}
-        for label, quant, kv in (("llama.cpp", None, "f16"), ("inferlab", "F32", "f32")):
+        # llama.cpp: the calibrated model (its CPU kernels' measured rates and per-layer cost);
+        # inferlab's fp32 runtime: the lesson's bandwidth model (eta x measured read bandwidth)
+        for label, quant, kv, speed in (("llama.cpp", None, "f16", perf_model.CALIBRATED()),
+                                        ("inferlab", "F32", "f32", perf_model.LESSON)):
             pl = perf_model.place(spec, machine, quant, n_ctx=context + 1, kv_type=kv, n_gpu_layers=0)
-            out[label] = {"decode_tok_per_s": perf_model.decode_step_time(pl, machine, context)["tok_per_s"],
-                          "prefill_tok_per_s": perf_model.prefill_time(pl, machine, n_prompt)["tok_per_s"]}
+            out[label] = {"speed_model": speed.name,
+                          "decode_tok_per_s": perf_model.decode_step_time(pl, machine, context, 1, speed)["tok_per_s"],
+                          "prefill_tok_per_s": perf_model.prefill_time(pl, machine, n_prompt, speed)["tok_per_s"]}
         out["machine"] = f"{machine.ram.name}, {machine.ram.bandwidth_gbs:.1f} GB/s assumed"
         return out
     except Exception as exc:  # a missing part of inferlab must not stop the measurement
@@ -253,7 +257,8 @@ def main() -> None:
     else:
         print(f"perf_model ({pred['machine']}):")
         for k in ("llama.cpp", "inferlab"):
-            print(f"  {k}: predicted decode {pred[k]['decode_tok_per_s']:.1f} tok/s, prefill {pred[k]['prefill_tok_per_s']:.0f} tok/s")
+            print(f"  {k}: predicted decode {pred[k]['decode_tok_per_s']:.1f} tok/s, prefill {pred[k]['prefill_tok_per_s']:.0f} tok/s"
+                  f" ({pred[k]['speed_model']} speed model)")
     os.makedirs(RESULTS, exist_ok=True)
     out = os.path.join(RESULTS, "compare_llamacpp.json")
     with open(out, "w") as f:
