@@ -146,6 +146,10 @@ def test_smollm2_prediction_within_25_percent_of_llama_cpp_on_this_machine():
     measured. The toy shaped like it (toy-smol) is in the fit, the file itself is not."""
     path = _smollm2_gguf()
     machine = _quiet_machine_with_measured_rates()
+    ref = measured_reference(machine.ram)
+    if "Q4_1" not in ref["per_core_bytes_per_s"] or not ref.get("prefill_eff_vs_fp32_peak_by_type"):
+        # e.g. the Zen 3 (avx2) reference: Q4_1 would be timed with Q4_K's kernel rate, twice too fast
+        pytest.skip(f"{ref['id']} has no measured Q4_1 rates: the prediction for this file would be a stand-in")
     (tg,) = v.validate_llama_cpp(machine=machine, models=(), gguf_paths=(path,), n_threads=1, repetitions=3, n_prompt=0, n_gen=64)
     assert tg.preset == "Q4_1" and tg.limits.dominant in ("bandwidth", "per-core compute")
     # the least disturbed repetition: at 1 thread the prediction runs 10-20 % fast on a quiet
