@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--naive-tokens", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3,
                     help="Rounds of (bandwidth, every weight dtype), interleaved; figures are ranges over them.")
-    ap.add_argument("--dtypes", default="float32,int4,bfloat16,int8", help="Weight dtypes to measure, comma-separated.")
+    ap.add_argument("--dtypes", default="float32,int4,float16,bfloat16,int8", help="Weight dtypes to measure, comma-separated.")
     ap.add_argument("--no-caches", action="store_true", help="Skip the KV-cache and naive-vs-cached sections.")
     args = ap.parse_args()
 

@@ -30,6 +30,19 @@ def test_dense_equals_plain_matmul_for_every_row_count(weight, rows, lead):
     assert lin.nbytes == weight.nbytes  # one copy
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_half_precision_dense_matches_fp32_of_the_rounded_weights(weight, dtype, rows):
+    """fp16 (more than FEW_ROWS rows computed in fp32 on a CPU) and bf16: the product of the
+    rounded weights and inputs, to the output's own rounding."""
+    lin = DenseLinear(weight, dtype)
+    x = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(2)).to(dtype)
+    y = lin(x)
+    assert y.dtype == dtype and y.shape == (rows, weight.shape[0])
+    ref = x.float() @ weight.to(dtype).float().T
+    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
 def test_dense_one_row_steps_do_not_leak_into_each_other(weight):
     """The padding row stays zero: successive one-row products are each exact."""
     lin = DenseLinear(weight, torch.float32)

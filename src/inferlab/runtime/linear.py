@@ -76,7 +76,8 @@ def _advise_huge_pages(addr: int, n_bytes: int) -> bool:
 
 class DenseLinear:
     """A float matrix W (N, K) as in the file. fp32 on a CPU: W @ x^T for up to FEW_ROWS rows, one
-    row padded to two (see the module docstring); otherwise F.linear. SmolLM2-135M fp32, AMD EPYC
+    row padded to two (see the module docstring); fp16 on a CPU: more rows in fp32; otherwise
+    F.linear. SmolLM2-135M fp32, AMD EPYC
     Zen 4, 2 threads, median decode step against the K-split batched matmul this replaced (three
     alternating pairs of processes, 2026-12-01): batch 1 32.7-36.3 vs 35.5-39.0 ms, batch 4 45-52 vs
     78-89 ms, batch 8 55-90 vs 101-123 ms; 256-token prefill 508-535 vs 461-514 tok/s."""
@@ -91,7 +92,12 @@ class DenseLinear:
             self.w.copy_(weight)  # converts the dtype in the same pass
         else:
             self.w = weight.to(dtype).contiguous()
-        self._few_rows = self.w.device.type == "cpu" and dtype == torch.float32
+        on_cpu = self.w.device.type == "cpu"
+        self._few_rows = on_cpu and dtype == torch.float32
+        # fp16 on a CPU without fp16 arithmetic: torch's fp16 gemm is 3x slower than converting W to
+        # fp32 and using MKL's (prefill of 256 rows, 30 576x3072 matrices, AMD EPYC Zen 4: 857 vs
+        # 271 ms); one-row products stay fp16 (F.linear streams fp16 W at ~22 GB/s there)
+        self._upcast_many = on_cpu and dtype == torch.float16
         # the decode row and its zero partner; only row 0 is ever written
         self._pair = torch.zeros((2, k), dtype=dtype, device=self.w.device) if self._few_rows else None
 
@@ -109,6 +115,8 @@ class DenseLinear:
 
         n, k = self.shape
         rows = x.numel() // k
+        if self._upcast_many and rows > FEW_ROWS:
+            return F.linear(x.float(), self.w.float()).to(self.w.dtype)
         if not self._few_rows or rows > FEW_ROWS:
             return F.linear(x, self.w)
         if rows == 1:
