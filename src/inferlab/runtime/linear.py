@@ -98,8 +98,10 @@ class DenseLinear:
         # fp32 and using MKL's (prefill of 256 rows, 30 576x3072 matrices, AMD EPYC Zen 4: 857 vs
         # 271 ms); one-row products stay fp16 (F.linear streams fp16 W at ~22 GB/s there)
         self._upcast_many = on_cpu and dtype == torch.float16
-        # the decode row and its zero partner; only row 0 is ever written
+        # the decode row and its zero partner; only row 0 is ever written (views made once: a
+        # decode step makes ~120 products, and each aten view costs a dispatch)
         self._pair = torch.zeros((2, k), dtype=dtype, device=self.w.device) if self._few_rows else None
+        self._row, self._pair_t = (self._pair[0], self._pair.T) if self._few_rows else (None, None)
 
     @property
     def nbytes(self) -> int:
@@ -120,8 +122,8 @@ class DenseLinear:
         if not self._few_rows or rows > FEW_ROWS:
             return F.linear(x, self.w)
         if rows == 1:
-            self._pair[0].copy_(x.reshape(k))
-            y = torch.mm(self.w, self._pair.T)[:, 0]  # (N, 2): the first column is W x
+            self._row.copy_(x.reshape(k))
+            y = torch.mm(self.w, self._pair_t)[:, 0]  # (N, 2): the first column is W x
         else:
             y = torch.mm(self.w, x.reshape(rows, k).T).T  # (rows, N), transposed
         return y.contiguous().view(*x.shape[:-1], n)
