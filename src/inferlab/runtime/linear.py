@@ -77,10 +77,11 @@ def _advise_huge_pages(addr: int, n_bytes: int) -> bool:
 class DenseLinear:
     """A float matrix W (N, K) as in the file. fp32 on a CPU: W @ x^T for up to FEW_ROWS rows, one
     row padded to two (see the module docstring); fp16 on a CPU: more rows in fp32; otherwise
-    F.linear. SmolLM2-135M fp32, AMD EPYC
-    Zen 4, 2 threads, median decode step against the K-split batched matmul this replaced (three
-    alternating pairs of processes, 2026-12-01): batch 1 32.7-36.3 vs 35.5-39.0 ms, batch 4 45-52 vs
-    78-89 ms, batch 8 55-90 vs 101-123 ms; 256-token prefill 508-535 vs 461-514 tok/s."""
+    F.linear. Against the K-split batched matmul (W^T as (threads, K/threads, N)) this replaced,
+    SmolLM2-135M fp32 on an AMD EPYC Zen 4 with 2 threads, 2026-12-01: median decode step 22.3 vs
+    26.2 ms in one process (faster in 14 of 16 interleaved rounds; the K-split copies sat outside
+    the arena, which is worth ~3 %); batch 4 45-52 vs 78-89 ms and
+    batch 8 55-90 vs 101-123 ms in alternating processes (the K-split packed W for a few rows)."""
 
     def __init__(self, weight, dtype, *, arena: WeightArena | None = None):
         import torch
