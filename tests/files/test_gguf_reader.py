@@ -281,3 +281,35 @@ def test_custom_alignment(kit, tmp_path):
     r = gguf.GGUFReader(str(path))
     assert [int(t.data_offset) for t in r.tensors] == [h.data_offset + off for off in h.tensor_offsets]
     assert _normalized(model_from_gguf(path)) == _normalized(spec)
+
+
+def test_keep_reads_chosen_long_arrays_and_strings_whole(tmp_path):
+    """keep= names the metadata read whole whatever its length; the rest keeps the default bounds."""
+    path = tmp_path / "k.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    tokens = [f"t{i}é" for i in range(5000)] + ["", " ", "日本"]
+    w.add_token_list(tokens)
+    w.add_token_types([i % 5 for i in range(len(tokens))])
+    w.add_token_scores([float(i) / 7 for i in range(len(tokens))])
+    w.add_chat_template("x" * (1 << 20) + "y")
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    r = gguf.GGUFReader(str(path))
+    truth = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    keep = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.chat_template")
+    md = read_gguf_header(path, keep=keep).metadata
+    for key in keep:
+        got = md[key]
+        assert (list(got.values) if key != "tokenizer.chat_template" else got) == truth[key]
+    assert md["tokenizer.ggml.scores"].values is None  # not asked for: counted only
+    plain = read_gguf_header(path).metadata
+    assert plain["tokenizer.ggml.tokens"].values is None and plain["tokenizer.chat_template"] == (1 << 20) + 1
+
+
+def test_keep_checks_every_kept_string(tmp_path):
+    path = tmp_path / "k.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list(["ok"] * 100 + [b"\xc3("] + ["ok"])
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    assert read_gguf_header(path).metadata["tokenizer.ggml.tokens"].count == 102  # skipped, not decoded
+    with pytest.raises(FileFormatError, match=r"k\.gguf: tokenizer\.ggml\.tokens\[100\] is not valid UTF-8"):
+        read_gguf_header(path, keep=["tokenizer.ggml.tokens"])

@@ -6,6 +6,10 @@ hostile file raises FileFormatError with the offset and the reason, in time and 
 by the header's size. The format is llama.cpp's docs/gguf.md (versions 2 and 3); the checks
 follow ggml/src/gguf.cpp (gguf_init_from_file_impl).
 
+``keep``: metadata keys whose arrays and strings are kept whole whatever their length (the torch
+runtime asks for the tokenizer's tokens, merges and token types; strings are decoded strictly, in
+one pass over the memory map).
+
 Split models (``name-00001-of-00003.gguf``) are read whole from any part; vision-projector
 tensors (``v.*``, ``mm.*``, or a ``*mmproj*.gguf`` file beside the model) are reported in
 ``spec.extra`` and kept out of ``spec.tensors``.
@@ -18,6 +22,7 @@ import os
 import re
 import struct
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +47,9 @@ _VALUE_TYPE_NAMES = "UINT8 INT8 UINT16 INT16 UINT32 INT32 FLOAT32 BOOL STRING AR
 # keep only their count (the token list, merges and scores are counted, not copied)
 _MAX_KEPT_STRING = 1 << 20
 _MAX_KEPT_ARRAY = 4096
+# ggml.h types that are not weight formats (no entry in quant/data/ggml_types.json): a file that
+# uses one is valid but not something inferlab reads
+_GGML_OTHER_TYPES = {24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64"}
 
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _VISION_PREFIXES = ("v.", "mm.", "vision.", "mm_", "resampler.")
@@ -120,13 +128,14 @@ def _type_name(t: int) -> str:
     return _VALUE_TYPE_NAMES[t] if 0 <= t < len(_VALUE_TYPE_NAMES) else str(t)
 
 
-def _read_value(c: _Cursor, vtype: int, key: str) -> Any:
+def _read_value(c: _Cursor, vtype: int, key: str, whole: bool = False) -> Any:
+    """One metadata value; ``whole``: keep it whatever its length (long strings and arrays)."""
     if vtype in _SCALAR_FORMATS:
         return c.scalar(_SCALAR_FORMATS[vtype], f"value of {key!r}")
     if vtype == _STRING:
         n = c.u64(f"length of the string {key!r}")
         c.need(n, f"string {key!r} of {n} bytes")
-        if n > _MAX_KEPT_STRING:
+        if n > _MAX_KEPT_STRING and not whole:
             c.pos += n
             return n  # too long to keep: its length
         b = bytes(c.buf[c.pos : c.pos + n])
@@ -140,13 +149,15 @@ def _read_value(c: _Cursor, vtype: int, key: str) -> Any:
             if count > (c.size - c.pos) // st.size:
                 raise c.fail(f"array {key!r} claims {count} {_type_name(etype)} values, more than the file holds")
             values = None
-            if count <= _MAX_KEPT_ARRAY:
+            if count <= _MAX_KEPT_ARRAY or whole:
                 values = tuple(v for (v,) in st.iter_unpack(c.buf[c.pos : c.pos + count * st.size]))
             c.pos += count * st.size
             return GGUFArray(_type_name(etype), count, values)
         if etype == _STRING:
             if count > (c.size - c.pos) // 8:  # every string has at least its 8-byte length
                 raise c.fail(f"array {key!r} claims {count} strings, more than the file holds")
+            if whole:
+                return GGUFArray("STRING", count, _read_strings(c, count, key))
             if count <= 64:
                 values = tuple(_read_value(c, _STRING, f"{key}[{i}]") for i in range(count))
                 return GGUFArray("STRING", count, values)
@@ -171,8 +182,37 @@ def _skip_strings(c: _Cursor, count: int, key: str) -> None:
     c.pos = pos
 
 
-def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
-    """Parse a GGUF file's header (metadata and tensor table). Raises FileFormatError on a bad file."""
+def _read_strings(c: _Cursor, count: int, key: str) -> tuple[str, ...]:
+    """count length-prefixed UTF-8 strings, each checked against the end of the file (a
+    vocabulary: ~10^5 of them in one pass; strict decoding, as the gguf package's reader)."""
+    unpack = struct.Struct(c.order + "Q").unpack_from
+    buf, pos, end = c.buf, c.pos, c.size
+    out: list[str] = []
+    append = out.append
+    for i in range(count):
+        if pos + 8 > end:
+            c.pos = pos
+            raise c.fail(f"truncated or corrupt GGUF: length of {key}[{i}] needs 8 bytes but only {end - pos} remain")
+        start = pos + 8
+        pos = start + unpack(buf, pos)[0]
+        if pos > end:
+            c.pos = start - 8
+            raise c.fail(f"truncated or corrupt GGUF: string {key}[{i}] runs past the end of the file")
+        try:
+            append(str(buf[start:pos], "utf-8"))
+        except UnicodeDecodeError:
+            c.pos = start
+            raise c.fail(f"{key}[{i}] is not valid UTF-8: {bytes(buf[start:min(pos, start + 40)])!r}") from None
+    c.pos = pos
+    return tuple(out)
+
+
+def read_gguf_header(path: str | os.PathLike, *, keep: Collection[str] = ()) -> GGUFHeader:
+    """Parse a GGUF file's header (metadata and tensor table). Raises FileFormatError on a bad file.
+
+    ``keep``: metadata keys kept whole whatever their length (default: arrays longer than
+    _MAX_KEPT_ARRAY keep only their count, strings longer than _MAX_KEPT_STRING their length).
+    """
     p = str(path)
     try:
         size = os.path.getsize(p)
@@ -185,10 +225,10 @@ def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
         if size < 24:  # magic, version, two counts
             raise FileFormatError(f"{p}: not a GGUF file: {size} bytes is shorter than the 24-byte GGUF preamble")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return _parse(mm, size, p)
+            return _parse(mm, size, p, frozenset(keep))
 
 
-def _parse(buf, size: int, path: str) -> GGUFHeader:
+def _parse(buf, size: int, path: str, keep: frozenset[str] = frozenset()) -> GGUFHeader:
     c = _Cursor(buf, size, path)
     magic = bytes(buf[0:4])
     if magic != GGUF_MAGIC:
@@ -217,7 +257,7 @@ def _parse(buf, size: int, path: str) -> GGUFHeader:
         if key in metadata:
             raise c.fail(f"duplicate metadata key {key!r}")
         vtype = c.u32(f"value type of {key!r}")
-        metadata[key] = _read_value(c, vtype, key)
+        metadata[key] = _read_value(c, vtype, key, key in keep)
 
     alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
     if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -247,6 +287,12 @@ def _parse(buf, size: int, path: str) -> GGUFHeader:
             raise c.fail(f"tensor {name!r} with shape {list(shape)} has more elements than int64 can count")
         type_id = c.u32(f"type of {name!r}")
         gt = types.get(type_id)
+        if gt is None and type_id in _GGML_OTHER_TYPES:
+            read = ", ".join(t.name for t in sorted(types.values(), key=lambda t: t.type_id or 0) if t.type_id is not None)
+            raise NotSupportedError(
+                f"{path}: tensor {name!r} has ggml type {_GGML_OTHER_TYPES[type_id]} (id {type_id}), which inferlab "
+                f"does not read; supported: {read}"
+            )
         if gt is None:
             known = ", ".join(f"{t.name}={t.type_id}" for t in sorted(types.values(), key=lambda t: t.type_id or 0) if t.type_id is not None)
             raise c.fail(f"tensor {name!r} has unknown ggml type id {type_id}; known: {known}")

@@ -100,31 +100,47 @@ def _build(tokens, merges, token_types, pre: str, *, with_control: bool):
 
 
 def tokenizer_from_gguf(reader) -> GGUFTokenizer:
-    def get(key, default=None):
-        f = reader.fields.get(key)
-        return default if f is None else f.contents()
+    """The tokenizer of a GGUFFile (runtime.gguf_weights.open_gguf), from its tokenizer.* metadata."""
+    get, where = reader.get, reader.path
+
+    def strings(key, default=None) -> list[str]:
+        v = get(key, default)
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise FileFormatError(f"{where}: GGUF metadata {key!r} must be an array of strings, got {type(v).__name__}")
+        return v
 
     model = get("tokenizer.ggml.model")
     if model is None:
-        raise FileFormatError("GGUF has no tokenizer (tokenizer.ggml.model is missing)")
+        raise FileFormatError(f"{where}: GGUF has no tokenizer (tokenizer.ggml.model is missing)")
     if model != "gpt2":
         raise NotSupportedError(f"tokenizer model {model!r} is not supported by the runtime; supported: 'gpt2' (byte-level BPE)")
     pre = get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
+    if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
         raise NotSupportedError(f"pre-tokenizer {pre!r} is not supported; supported: {', '.join(sorted(PRE_TOKENIZERS))}")
-    tokens = list(get("tokenizer.ggml.tokens"))
-    merges = list(get("tokenizer.ggml.merges", []))
-    types = list(get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    if len(types) != len(tokens):
-        raise FileFormatError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
+    tokens = strings("tokenizer.ggml.tokens")
+    merges = strings("tokenizer.ggml.merges", [])
+    bad = next((m for m in merges if " " not in m), None)
+    if bad is not None:
+        raise FileFormatError(f"{where}: tokenizer.ggml.merges entry {bad[:40]!r} is not two tokens separated by a space")
+    types = get("tokenizer.ggml.token_type", [1] * len(tokens))
+    if not isinstance(types, list) or len(types) != len(tokens):
+        n = len(types) if isinstance(types, list) else type(types).__name__
+        raise FileFormatError(f"{where}: tokenizer.ggml.token_type has {n} entries for {len(tokens)} tokens")
     bos, eos = get("tokenizer.ggml.bos_token_id"), get("tokenizer.ggml.eos_token_id")
+    for key, v in (("bos", bos), ("eos", eos)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise FileFormatError(f"{where}: tokenizer.ggml.{key}_token_id must be an integer, got {v!r}")
+    # llama.cpp (llama_vocab::load) drops a special token id outside the vocabulary
+    bos = bos if bos is not None and 0 <= bos < len(tokens) else None
+    eos = eos if eos is not None and 0 <= eos < len(tokens) else None
+    template = get("tokenizer.chat_template")
     return GGUFTokenizer(
         with_special=_build(tokens, merges, types, pre, with_control=True),
         plain=_build(tokens, merges, types, pre, with_control=False),
-        bos_id=None if bos is None else int(bos),
-        eos_id=None if eos is None else int(eos),
+        bos_id=bos,
+        eos_id=eos,
         add_bos=bool(get("tokenizer.ggml.add_bos_token", False)),
-        chat_template=get("tokenizer.chat_template"),
+        chat_template=template if isinstance(template, str) else None,
         tokens=tokens,
     )
 
