@@ -141,7 +141,7 @@ def main() -> None:
 
     rounds = results["rounds"]
     print(f"\n{len(rounds)} round(s), ranges min-max; read bandwidth {span([r['bandwidth']['read_gbps'] for r in rounds], '.1f')} GB/s")
-    print(f"{'weights':<10}{'MB held':>9}{'prefill tok/s':>15}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>11}{'% of read bw':>14}"
+    print(f"{'weights':<10}{'MB held':>9}{'prefill tok/s':>15}{'decode tok/s':>14}{'MB/step':>9}{'GB/s':>13}{'% of read bw':>14}"
           f"{'% of calibrate':>16}  same tokens as fp32")
     first = rounds[0]["weights"]
     for dtype in models:
@@ -154,7 +154,7 @@ def main() -> None:
         results["weights"][dtype] = summary
         print(f"{dtype:<10}{per[0]['weight_bytes'] / 1e6:>9.1f}{span(summary['prefill_tok_per_s'], '.0f'):>15}"
               f"{span(summary['decode_tok_per_s'], '.1f'):>14}{per[0]['decode_bytes_per_step'] / 1e6:>9.1f}"
-              f"{span(summary['decode_gbps'], '.2f'):>11}{span([100 * x for x in summary['share_of_read_bw']], '.0f') + '%':>14}"
+              f"{span(summary['decode_gbps'], '.2f'):>13}{span([100 * x for x in summary['share_of_read_bw']], '.0f') + '%':>14}"
               f"{span([100 * x for x in summary['share_of_calibrate_bw']], '.0f') + '%':>16}  {same}")
     for r in rounds:
         for m in r["weights"].values():
