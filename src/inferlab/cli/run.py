@@ -204,7 +204,8 @@ def _print_report(report) -> None:
     for r in report.rows:
         m.add_row(str(r.context), str(r.batch), r.cache, f"{r.weights_bytes / 1e6:.1f}", f"{r.kv_cache_bytes / 1e6:.2f}",
                   f"{r.activations_bytes / 1e6:.1f}", f"{r.peak_bytes / 1e6:.1f}")
-    m.caption = f"peak: {report.rows[0].peak_source}; activations: measured peak growth beyond the KV cache" if report.rows else None
+    m.caption = (f"peak: {report.rows[0].peak_source}; activations: peak bytes of the tensors a generation creates "
+                 "beyond the KV cache (exact, every storage counted)") if report.rows else None
     console.print(m)
     if report.quality:
         q = Table(title=f"Quality cost vs the fp32 cache, on {report.quality_text}")

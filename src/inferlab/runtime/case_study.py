@@ -11,7 +11,7 @@ import statistics
 
 import torch
 
-from .device import PeakMemory
+from .device import PeakMemory, TensorBytesPeak
 from .generate import SamplingParams, generate
 
 
@@ -44,19 +44,20 @@ def measure_vram_mb(model, batch_size: int, context_len: int, n_new_tokens: int 
 
     Keys: peak_mb (measured: torch.cuda.max_memory_allocated on a GPU, peak RSS on a CPU),
     model_mb (exact weight bytes), cache_mb (exact bytes of the KV cache tensors),
-    activations_mb (measured growth beyond weights and cache, >= 0), source.
+    activations_mb (exact: the peak bytes of the tensors the generation creates beyond the cache,
+    counted on a second pass by TensorBytesPeak), source.
     """
     prompt = _random_prompt(model, batch_size, context_len)
+    mode = "cached" if use_cache else "naive"
     with PeakMemory(model.device) as mem:
-        result = generate(model, prompt, n_new_tokens, mode="cached" if use_cache else "naive", cache=cache)
-    model_mb = model.weight_bytes / 1e6
-    cache_mb = result.cache_bytes / 1e6
-    growth_mb = (mem.peak_bytes - mem.baseline_bytes) / 1e6  # the weights were in memory before
+        result = generate(model, prompt, n_new_tokens, mode=mode, cache=cache)
+    with TensorBytesPeak() as tensors:  # its own pass: counting slows every op
+        generate(model, prompt, n_new_tokens, mode=mode, cache=cache)
     return {
         "peak_mb": mem.peak_bytes / 1e6,
-        "model_mb": model_mb,
-        "cache_mb": cache_mb,
-        "activations_mb": max(0.0, growth_mb - cache_mb),
+        "model_mb": model.weight_bytes / 1e6,
+        "cache_mb": result.cache_bytes / 1e6,
+        "activations_mb": (tensors.peak_bytes - result.cache_bytes) / 1e6,
         "source": mem.source,
     }
 

@@ -1,5 +1,6 @@
-"""Where the runtime runs and how much memory it used: device selection, and peak memory
-measured from torch.cuda statistics on a GPU or from the process's peak RSS on a CPU."""
+"""Where the runtime runs and how much memory it used: device selection, peak memory measured
+from torch.cuda statistics on a GPU or from the process's peak RSS on a CPU, and the exact peak
+bytes of the tensors a block of code creates (any device)."""
 
 from __future__ import annotations
 
@@ -96,4 +97,65 @@ class PeakMemory:
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
         else:
             self.peak_bytes = _peak_rss_bytes()
+        return False
+
+
+def _tensor_bytes_mode():
+    """TensorBytesPeak's dispatch mode class, made on first use (torch is imported lazily)."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class _Mode(TorchDispatchMode):
+        def __init__(self, meter):
+            super().__init__()
+            self.meter = meter
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in inputs:  # not a view or in-place result
+                    self.meter._track(t.untyped_storage(), weakref)
+            return out
+
+    return _Mode
+
+
+class TensorBytesPeak:
+    """Context manager: the peak of the bytes held by tensor storages created inside the block,
+    counted exactly (each storage once, from the op that allocates it until torch frees it; views
+    and in-place results, which share an input's storage, add nothing, so tensors made before the
+    block never count). Unlike the process RSS it sees memory the allocator reuses,
+    and unlike torch.cuda's statistics it works on any device. Every op pays a Python call: use it
+    on a pass of its own, not on a timed one."""
+
+    def __init__(self):
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._refs = {}  # id of a live storage -> its weak reference (kept so the callback fires)
+        self._mode = None
+
+    def _track(self, storage, weakref) -> None:
+        key = id(storage)  # storages keep one Python object for their life (torch preserves it)
+        if key in self._refs or storage.nbytes() == 0:
+            return
+        n = storage.nbytes()
+        self._refs[key] = weakref.ref(storage, lambda _ref, key=key, n=n: self._free(key, n))
+        self.live_bytes += n
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def _free(self, key, n) -> None:
+        if self._refs.pop(key, None) is not None:
+            self.live_bytes -= n
+
+    def __enter__(self):
+        self._mode = _tensor_bytes_mode()(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
         return False

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..errors import InvalidValueError, check_positive
-from .device import PeakMemory
+from .device import PeakMemory, TensorBytesPeak
 from .generate import generate
 from .kv_cache import CacheSpec
 from .predict import Predictor, relative_error
@@ -28,7 +28,7 @@ class ProfileRow:
     cached_mean_step_ms: float
     weights_bytes: int  # exact tensor bytes
     kv_cache_bytes: int  # exact tensor bytes of the cache
-    activations_bytes: int  # measured peak growth beyond the cache (>= 0)
+    activations_bytes: int  # exact: peak bytes of the tensors a generation creates, beyond the KV cache
     peak_bytes: int  # measured: torch.cuda max allocated, or process peak RSS
     peak_source: str
     decode_bytes_per_step: int  # weights + KV the runtime streams per decode step (exact tensor bytes)
@@ -118,6 +118,10 @@ def profile_model(model, contexts=(64, 128, 256), batches=(1,), caches=("contigu
             for spec in specs:
                 with PeakMemory(model.device) as mem:
                     res = generate(model, prompt, n_new_tokens, mode="cached", cache=spec)
+                # exact tensor bytes on a pass of their own (counting slows every op): the prefill
+                # and two decode steps; activations peak in the prefill, the cache lives throughout
+                with TensorBytesPeak() as tensors:
+                    generate(model, prompt, min(n_new_tokens, 3), mode="cached", cache=spec)
                 mid_ctx = ctx + n_new_tokens // 2  # the mean context a decode step attends to
                 row = ProfileRow(
                     context=ctx, batch=batch, cache=spec.label, n_new_tokens=n_new_tokens,
@@ -127,7 +131,7 @@ def profile_model(model, contexts=(64, 128, 256), batches=(1,), caches=("contigu
                     cached_mean_step_ms=statistics.fmean(res.step_times_s) * 1e3 if res.step_times_s else 0.0,
                     weights_bytes=model.weight_bytes,
                     kv_cache_bytes=res.cache_bytes,
-                    activations_bytes=max(0, mem.peak_bytes - mem.baseline_bytes - res.cache_bytes),
+                    activations_bytes=tensors.peak_bytes - res.cache_bytes,
                     peak_bytes=mem.peak_bytes,
                     peak_source=mem.source,
                     decode_bytes_per_step=model.decode_weight_bytes + _kv_read_bytes(spec, res.cache_bytes, ctx + n_new_tokens, mid_ctx),
