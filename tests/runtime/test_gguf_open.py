@@ -119,7 +119,8 @@ def test_a_tokenizer_only_file_opens_and_encodes(tmp_path):
     (dict(tokens=("a", b"\xff\xfe", "ab", "x")), FileFormatError, r"tokenizer\.ggml\.tokens\[1\] is not valid UTF-8"),
     (dict(types=(1, 1)), FileFormatError, "token_type has 2 entries for 4 tokens"),
     (dict(merges=("ab",)), FileFormatError, "merges entry 'ab' is not two tokens"),
-    (dict(model="llama"), NotSupportedError, "supported: 'gpt2'"),
+    (dict(model="bert"), NotSupportedError, r"'bert' is not supported.*supported: 'gpt2'.*'llama'"),
+    (dict(model="llama"), FileFormatError, r"tokenizer\.ggml\.scores has NoneType entries for 4 tokens"),
     ({"tokenizer.ggml.pre": "nonesuch"}, NotSupportedError, "'nonesuch' is not supported; supported: default"),
     ({"tokenizer.ggml.bos_token_id": "one"}, FileFormatError, "bos_token_id must be an integer"),
 ])

@@ -66,7 +66,13 @@ def supported_tensor_types() -> tuple[str, ...]:
 
 
 # metadata arrays the runtime reads whole (the header parser keeps only short arrays otherwise)
-KEPT_METADATA = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.chat_template")
+KEPT_METADATA = (
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.scores",
+    "tokenizer.chat_template",
+)
 
 
 @dataclass(frozen=True)
