@@ -199,3 +199,14 @@ def test_spm_scores_must_match_the_tokens(tmp_path):
     path = write_spm_gguf(tmp_path / "t.gguf", scores=[0.0] * 10)
     with pytest.raises(FileFormatError, match=r"tokenizer\.ggml\.scores has 10 entries for 266 tokens"):
         tokenizer_from_gguf(open_gguf(path))
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_bos_by_default_as_llama_cpp_adds_it(vocab_dir, name):
+    """Whether a plain encode adds BOS: the file's add_bos_token, else llama.cpp's default for the
+    vocabulary (SentencePiece and the llama3-style BPE pre-tokenizers add it; other BPE do not)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(vocab_dir / f"ggml-vocab-{name}.gguf"), vocab_only=True, verbose=False)
+    tok = our_tokenizer(vocab_dir, name)
+    for text in ("Hello world", " two  spaces", "3.14159"):
+        assert tok.encode(text, special=False) == llm.tokenize(text.encode(), add_bos=True, special=False), (name, text)

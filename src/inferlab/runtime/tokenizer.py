@@ -48,7 +48,8 @@ PRE_TOKENIZERS: dict[str, tuple[bool, str | tuple[str, ...] | None]] = {
 }
 TOKENIZER_MODELS = ("gpt2", "llama")
 UNKNOWN_TOKEN_TYPE = 2
-# llama.cpp sets ignore_merges for these: a pre-token that is itself in the vocabulary is taken whole
+# llama.cpp's LLAMA3 pre-tokenizer names: ignore_merges (a pre-token that is itself in the
+# vocabulary is taken whole) and BOS added when the file does not say
 IGNORE_MERGES = frozenset({"llama-bpe", "llama3"})
 CONTROL_TOKEN_TYPE = 3
 USER_DEFINED_TOKEN_TYPE = 4
@@ -178,6 +179,7 @@ def tokenizer_from_gguf(reader) -> GGUFTokenizer:
     if not isinstance(types, list) or len(types) != len(tokens):
         n = len(types) if isinstance(types, list) else type(types).__name__
         raise FileFormatError(f"{where}: tokenizer.ggml.token_type has {n} entries for {len(tokens)} tokens")
+    pre = None  # gpt2 vocabularies name one; SentencePiece has none
     if model == "gpt2":
         pre = get("tokenizer.ggml.pre", "default")
         if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
@@ -222,8 +224,9 @@ def tokenizer_from_gguf(reader) -> GGUFTokenizer:
         plain=build(False),
         bos_id=bos,
         eos_id=eos,
-        # llama.cpp's default when the key is absent: SPM adds BOS, BPE does not
-        add_bos=bool(get("tokenizer.ggml.add_bos_token", model == "llama")),
+        # llama.cpp's default when the key is absent (llama_vocab::load): SPM adds BOS; BPE adds it
+        # only for the llama3-style pre-tokenizers (the ones that also ignore merges)
+        add_bos=bool(get("tokenizer.ggml.add_bos_token", model == "llama" or (model == "gpt2" and pre in IGNORE_MERGES))),
         chat_template=template if isinstance(template, str) else None,
         tokens=tokens,
     )
