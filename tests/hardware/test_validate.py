@@ -141,25 +141,30 @@ def _smollm2_gguf() -> str:
 @pytest.mark.engine
 def test_smollm2_prediction_within_25_percent_of_llama_cpp_on_this_machine():
     """Acceptance on a real file: SmolLM2-135M-Instruct Q4_1 (thin and deep, a tied Q8_0 head of
-    49152 rows; Q4_1 has its own, slow kernels). Decode at 1 thread by the computing thread's
-    CPU time, as the toy-200m test; prefill (pp128) on every core, the way its efficiencies were
-    measured. The toy shaped like it (toy-smol) is in the fit, the file itself is not."""
+    49152 rows; Q4_1 has its own, slow kernels), decode (tg64) and prefill (pp128) on every core,
+    the least disturbed of three repetitions. The toy shaped like it (toy-smol) is in the fit, the
+    file itself is not. This VM's speed drifts by up to a third within minutes, so toy-smol runs
+    beside it as a canary: when the fitted toy itself is off by more than 15 %, the machine is not
+    in the state the rates were measured in, and the test skips and says so."""
     path = _smollm2_gguf()
     machine = _quiet_machine_with_measured_rates()
     ref = measured_reference(machine.ram)
     if "Q4_1" not in ref["per_core_bytes_per_s"] or not ref.get("prefill_eff_vs_fp32_peak_by_type"):
         # e.g. the Zen 3 (avx2) reference: Q4_1 would be timed with Q4_K's kernel rate, twice too fast
         pytest.skip(f"{ref['id']} has no measured Q4_1 rates: the prediction for this file would be a stand-in")
-    (tg,) = v.validate_llama_cpp(machine=machine, models=(), gguf_paths=(path,), n_threads=1, repetitions=3, n_prompt=0, n_gen=64)
-    assert tg.preset == "Q4_1" and tg.limits.dominant in ("bandwidth", "per-core compute")
-    # the least disturbed repetition: at 1 thread the prediction runs 10-20 % fast on a quiet
-    # machine, and other processes only slow llama.cpp (its CPU time too: shared cache, memory)
-    best = max(tg.measured.tg_cpu_tok_s)
-    assert abs(tg.predicted_tg / best - 1) <= 0.25, (tg.measured.tg_cpu_tok_s, tg.predicted_tg, tg.limits)
-    (pp,) = v.validate_llama_cpp(machine=machine, models=(), gguf_paths=(path,), repetitions=3, n_prompt=128, n_gen=0)
-    assert abs(pp.pp_error) <= 0.25, (pp.measured.pp_tok_s, pp.predicted_pp)
-    # the calibrated speed model (the CLI's) reads the same measured figures
-    assert abs(pp.perf_model_pp / pp.measured.pp - 1) <= 0.25
+    for metric, n_prompt, n_gen in (("tg", 0, 64), ("pp", 128, 0)):
+        toy, smol = v.validate_llama_cpp(machine=machine, models=("toy-smol",), presets=("Q4_1",), gguf_paths=(path,),
+                                         repetitions=3, n_prompt=n_prompt, n_gen=n_gen)
+        assert smol.preset == "Q4_1"
+        best = {r.model: max(getattr(r.measured, f"{metric}_tok_s")) for r in (toy, smol)}
+        predicted = {r.model: getattr(r, f"predicted_{metric}") for r in (toy, smol)}
+        canary = predicted[toy.model] / best[toy.model] - 1
+        if abs(canary) > 0.15:
+            pytest.skip(f"the fitted toy-smol itself is off by {canary:+.0%} ({metric}): this machine is not "
+                        "running at the speed its rates were measured at")
+        assert abs(predicted[smol.model] / best[smol.model] - 1) <= 0.25, (metric, smol.measured, predicted)
+        # the calibrated speed model (the CLI's) reads the same measured figures
+        assert abs(getattr(smol, f"perf_model_{metric}") / best[smol.model] - 1) <= 0.25, metric
 
 
 def test_without_llama_cpp_python_the_error_names_the_extra(tiny_f16, monkeypatch, tmp_path):
