@@ -115,21 +115,28 @@ def test_decode_prediction_within_25_percent_of_llama_cpp_on_this_machine():
     """Acceptance: a generated model that cpu_model's rates were not fitted on (toy-200m), as
     Q4_K_M and Q8_0, through llama.cpp with the llama-bench method, against inferlab's
     prediction for this machine; the limit is named. One thread, timed by the CPU time of the
-    thread llama.cpp computes on (the rate an otherwise idle core gives)."""
+    thread llama.cpp computes on (the rate an otherwise idle core gives), the prediction scaled by
+    the machine's speed now (a fitted toy measured around it)."""
     machine = _quiet_machine_with_measured_rates()
     assert "toy-200m" not in v.FIT_MODELS
-    # canary: a fitted toy measured the same way; this VM's speed drifts by up to a third
-    (toy,) = v.validate_llama_cpp(machine=machine, models=("toy-smol",), presets=("Q4_1",), n_threads=1, repetitions=2,
-                                  n_prompt=0, n_gen=64)
-    if abs(toy.predicted_tg / toy.measured.tg_cpu - 1) > 0.15:
-        pytest.skip(f"the fitted toy-smol itself is off by {toy.predicted_tg / toy.measured.tg_cpu - 1:+.0%}: this machine "
-                    "is not running at the speed its rates were measured at")
+    # This VM's speed drifts by up to a third within minutes, and the CPU time of one thread drifts
+    # with it. A fitted toy (toy-smol), measured just before and just after, gives the machine's
+    # speed now relative to when the rates were measured; the held-out predictions are scaled by it.
+    def drift() -> float:
+        (toy,) = v.validate_llama_cpp(machine=machine, models=("toy-smol",), presets=("Q4_1",), n_threads=1, repetitions=2,
+                                      n_prompt=0, n_gen=64)
+        return toy.measured.tg_cpu / toy.predicted_tg
+
+    before = drift()
     rows = v.validate_llama_cpp(machine=machine, models=("toy-200m",), presets=("Q4_K_M", "Q8_0"), n_threads=1, repetitions=2,
                                 n_prompt=0, n_gen=64)
+    speed = (before + drift()) / 2
+    if abs(speed - 1) > 0.35:
+        pytest.skip(f"this machine runs at {speed:.0%} of the speed its rates were measured at")
     assert [r.preset for r in rows] == ["Q4_K_M", "Q8_0"]
     for r in rows:
         measured = r.measured.tg_cpu
-        assert abs(r.predicted_tg / measured - 1) <= 0.25, (r.preset, r.measured.tg_cpu_tok_s, r.predicted_tg, r.limits)
+        assert abs(r.predicted_tg * speed / measured - 1) <= 0.25, (r.preset, r.measured.tg_cpu_tok_s, r.predicted_tg, speed, r.limits)
         assert r.limits.dominant in ("bandwidth", "per-core compute")
     # Q8_0 reads more bytes per token than Q4_K_M: the measurement and the prediction both see it
     assert rows[1].decode_bytes > rows[0].decode_bytes
