@@ -86,14 +86,16 @@ def test_working_set_is_past_the_last_level_cache():
 
 
 def test_fp32_matmul_figure_is_flops_over_time_of_the_same_product():
-    m = cal.matmul_tflops("fp32", n=512, repeats=3)
+    m = cal.matmul_tflops("fp32", n=512, repeats=7)
     a = np.ones((512, 512), dtype=np.float32)
     a @ a
-    t0 = time.perf_counter()
-    for _ in range(3):
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
         a @ a
-    direct = 3 * 2 * 512**3 / (time.perf_counter() - t0) / 1e12
-    assert m.unit == "TFLOP/s" and len(m.samples) == 3
+        times.append(time.perf_counter() - t0)
+    direct = 2 * 512**3 / sorted(times)[3] / 1e12  # the median product, as the measurement reports
+    assert m.unit == "TFLOP/s" and len(m.samples) == 7
     assert m.median == pytest.approx(direct, rel=0.6)  # same kernel, timed independently; a loaded machine varies
 
 
