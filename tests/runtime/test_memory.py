@@ -41,3 +41,6 @@ def test_profile_activations_are_exact_and_grow_with_the_batch_of_tokens(tmp_pat
     for (b, t), n in act.items():
         assert n >= b * t * 2 * 128 * 4
     assert act[(2, 32)] > 2 * act[(1, 16)]
+    # the prefill's activations do not depend on how many tokens follow (nor on the cache sized for them)
+    longer = profile_model(model, contexts=[32], batches=[2], caches=["contiguous"], n_new_tokens=9, naive=False)
+    assert longer[0].activations_bytes == act[(2, 32)]

@@ -52,12 +52,12 @@ def measure_vram_mb(model, batch_size: int, context_len: int, n_new_tokens: int 
     with PeakMemory(model.device) as mem:
         result = generate(model, prompt, n_new_tokens, mode=mode, cache=cache)
     with TensorBytesPeak() as tensors:  # its own pass: counting slows every op
-        generate(model, prompt, n_new_tokens, mode=mode, cache=cache)
+        counted = generate(model, prompt, n_new_tokens, mode=mode, cache=cache)
     return {
         "peak_mb": mem.peak_bytes / 1e6,
         "model_mb": model.weight_bytes / 1e6,
         "cache_mb": result.cache_bytes / 1e6,
-        "activations_mb": (tensors.peak_bytes - result.cache_bytes) / 1e6,
+        "activations_mb": (tensors.peak_bytes - counted.cache_bytes) / 1e6,
         "source": mem.source,
     }
 

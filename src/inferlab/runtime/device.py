@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import resource
+import weakref
+from functools import cache
 
 from ..errors import InvalidValueError, NotSupportedError
 
@@ -100,10 +102,9 @@ class PeakMemory:
         return False
 
 
+@cache
 def _tensor_bytes_mode():
     """TensorBytesPeak's dispatch mode class, made on first use (torch is imported lazily)."""
-    import weakref
-
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -118,7 +119,7 @@ def _tensor_bytes_mode():
             inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in inputs:  # not a view or in-place result
-                    self.meter._track(t.untyped_storage(), weakref)
+                    self.meter._track(t.untyped_storage())
             return out
 
     return _Mode
@@ -128,9 +129,9 @@ class TensorBytesPeak:
     """Context manager: the peak of the bytes held by tensor storages created inside the block,
     counted exactly (each storage once, from the op that allocates it until torch frees it; views
     and in-place results, which share an input's storage, add nothing, so tensors made before the
-    block never count). Unlike the process RSS it sees memory the allocator reuses,
-    and unlike torch.cuda's statistics it works on any device. Every op pays a Python call: use it
-    on a pass of its own, not on a timed one."""
+    block never count). Unlike the process RSS it sees memory the allocator reuses, and unlike
+    torch.cuda's statistics it works on any device. Every op pays a Python call: use it on a pass
+    of its own, not on a timed one."""
 
     def __init__(self):
         self.live_bytes = 0
@@ -138,11 +139,10 @@ class TensorBytesPeak:
         self._refs = {}  # id of a live storage -> its weak reference (kept so the callback fires)
         self._mode = None
 
-    def _track(self, storage, weakref) -> None:
-        key = id(storage)  # storages keep one Python object for their life (torch preserves it)
-        if key in self._refs or storage.nbytes() == 0:
+    def _track(self, storage) -> None:
+        key, n = id(storage), storage.nbytes()  # storages keep one Python object for their life (torch preserves it)
+        if key in self._refs or n == 0:
             return
-        n = storage.nbytes()
         self._refs[key] = weakref.ref(storage, lambda _ref, key=key, n=n: self._free(key, n))
         self.live_bytes += n
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)

@@ -80,8 +80,8 @@ class DenseLinear:
     F.linear. Against the K-split batched matmul (W^T as (threads, K/threads, N)) this replaced,
     SmolLM2-135M fp32 on an AMD EPYC Zen 4 with 2 threads, 2026-12-01: median decode step 22.3 vs
     26.2 ms in one process (faster in 14 of 16 interleaved rounds; the K-split copies sat outside
-    the arena, which is worth ~3 %); batch 4 45-52 vs 78-89 ms and
-    batch 8 55-90 vs 101-123 ms in alternating processes (the K-split packed W for a few rows)."""
+    the arena, which is worth ~3 %); batch 4 45-52 vs 78-89 ms and batch 8 55-90 vs 101-123 ms in
+    alternating processes (the K-split packed W for a few rows)."""
 
     def __init__(self, weight, dtype, *, arena: WeightArena | None = None):
         import torch

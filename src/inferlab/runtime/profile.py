@@ -121,7 +121,7 @@ def profile_model(model, contexts=(64, 128, 256), batches=(1,), caches=("contigu
                 # exact tensor bytes on a pass of their own (counting slows every op): the prefill
                 # and two decode steps; activations peak in the prefill, the cache lives throughout
                 with TensorBytesPeak() as tensors:
-                    generate(model, prompt, min(n_new_tokens, 3), mode="cached", cache=spec)
+                    counted = generate(model, prompt, min(n_new_tokens, 3), mode="cached", cache=spec)
                 mid_ctx = ctx + n_new_tokens // 2  # the mean context a decode step attends to
                 row = ProfileRow(
                     context=ctx, batch=batch, cache=spec.label, n_new_tokens=n_new_tokens,
@@ -131,7 +131,7 @@ def profile_model(model, contexts=(64, 128, 256), batches=(1,), caches=("contigu
                     cached_mean_step_ms=statistics.fmean(res.step_times_s) * 1e3 if res.step_times_s else 0.0,
                     weights_bytes=model.weight_bytes,
                     kv_cache_bytes=res.cache_bytes,
-                    activations_bytes=tensors.peak_bytes - res.cache_bytes,
+                    activations_bytes=tensors.peak_bytes - counted.cache_bytes,  # that pass's own (smaller) cache
                     peak_bytes=mem.peak_bytes,
                     peak_source=mem.source,
                     decode_bytes_per_step=model.decode_weight_bytes + _kv_read_bytes(spec, res.cache_bytes, ctx + n_new_tokens, mid_ctx),
