@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     from inferlab.perf_model import CATALOG_MACHINES, MODELS, decode_step_time, prefill_time
-    from inferlab.placement import place
+    from inferlab.perf.placement import place
 
     t_import = time.perf_counter() - t0
     runs: list[float] = []

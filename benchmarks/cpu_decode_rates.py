@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument("--joint", action="store_true", help="with --refit: one overhead for every thread count (fit_joint)")
     args = ap.parse_args()
     if args.refit_stored:
-        from inferlab.hardware.cpu_model import limits
+        from inferlab.perf.cpu_model import limits
 
         ref = next(r for r in limits()["references"] if r["id"] == args.refit_stored)
         runs = [{"model": m["model"], "type": m["type"], "threads": m["threads"], "n_layer": TOY_MODELS[m["model"]].n_layer,

@@ -30,8 +30,8 @@ def main() -> None:
     ap.add_argument("--rows", action="store_true", help="print every row")
     ap.add_argument("--json", default="benchmarks/results/calibration.json")
     args = ap.parse_args()
-    from inferlab.calibration import CALIBRATED, fitted_constants, validation_table
-    from inferlab.speed import LESSON
+    from inferlab.perf.calibration import CALIBRATED, fitted_constants, validation_table
+    from inferlab.perf.speed import LESSON
 
     cal, les = validation_table(CALIBRATED()), validation_table(LESSON)
     if args.rows:

@@ -8,17 +8,17 @@ assumed CPU throughput of the host preset, the approximate compute buffer); pass
 
 from __future__ import annotations
 
-from .calibration import CALIBRATED, llama_bench  # noqa: F401
+from .perf.calibration import CALIBRATED, llama_bench  # noqa: F401
 from .hardware.catalog import DDR4_DUAL, DDR5_DUAL, DEVICES, HOSTS, MACHINES as CATALOG_MACHINES, LESSON_MACHINES
 from .hardware.device import Device, Machine
-from .kv_size import KV_TYPES, kv_bytes_per_token, kv_cache_bytes
+from .perf.kv_size import KV_TYPES, kv_bytes_per_token, kv_cache_bytes
 from .models.catalog import MODELS
 from .models.hf_config import model_from_hf_config
 from .models.spec import ModelSpec
-from .placement import Placement
-from .placement import place as _place
+from .perf.placement import Placement
+from .perf.placement import place as _place
 from .quant.plan import Preset, PureType, effective_bpw, resolve_quant, tensor_plan, weight_bytes
-from .speed import LESSON, SpeedModel, arithmetic_intensity, decode_step_time, prefill_time, ridge_batch, roofline_point, throughput
+from .perf.speed import LESSON, SpeedModel, arithmetic_intensity, decode_step_time, prefill_time, ridge_batch, roofline_point, throughput
 
 GB = 1e9  # the lesson prints sizes in GB = 10^9 bytes
 GiB = 2**30

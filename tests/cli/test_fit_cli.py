@@ -12,11 +12,11 @@ def run(*args):
 
 
 def test_fit_json_agrees_with_the_library():
-    from inferlab.calibration import CALIBRATED
+    from inferlab.perf.calibration import CALIBRATED
     from inferlab.hardware.catalog import MACHINES
     from inferlab.models.catalog import MODELS
-    from inferlab.placement import place
-    from inferlab.speed import decode_step_time
+    from inferlab.perf.placement import place
+    from inferlab.perf.speed import decode_step_time
 
     r = run("fit", "qwen2.5-32b", "--on", "rtx4060ti", "--ctx", "8192", "--json")
     assert r.returncode == 0, r.stderr

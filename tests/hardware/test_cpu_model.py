@@ -8,7 +8,7 @@ import pytest
 
 from inferlab.errors import InvalidValueError, UnknownNameError
 from inferlab.hardware.catalog import DEVICES, HOSTS
-from inferlab.hardware.cpu_model import (
+from inferlab.perf.cpu_model import (
     cpu_decode_rate_bytes_per_s,
     cpu_decode_rate_for_mix,
     cpu_decode_rate_for_placement,
@@ -158,11 +158,11 @@ def test_placement_adapters_count_a_tied_head_and_time_prefill_by_block_types():
 
 
 def test_calibrated_speed_model_uses_the_cpus_own_overhead_prefill_rate_and_the_head_once():
-    from inferlab.calibration import CALIBRATED
+    from inferlab.perf.calibration import CALIBRATED
     from inferlab.hardware.catalog import MACHINES
     from inferlab.models.catalog import MODELS
     from inferlab.perf_model import place
-    from inferlab.speed import SpeedModel, decode_step_time, prefill_time
+    from inferlab.perf.speed import SpeedModel, decode_step_time, prefill_time
 
     refs = {r["simd"]: r for r in limits()["references"]}
     base = MACHINES["cpu-ddr5"]

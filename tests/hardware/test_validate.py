@@ -16,7 +16,7 @@ pytest.importorskip("numpy")
 
 from inferlab.errors import InvalidValueError, UnknownNameError  # noqa: E402
 from inferlab.hardware import validate as v  # noqa: E402
-from inferlab.hardware.cpu_model import measured_reference  # noqa: E402
+from inferlab.perf.cpu_model import measured_reference  # noqa: E402
 from inferlab.hardware.detect import detect_machine  # noqa: E402
 from inferlab.models.gguf_reader import model_from_gguf  # noqa: E402
 

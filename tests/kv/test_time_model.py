@@ -35,7 +35,7 @@ def test_bad_step_cost_is_reported():
 
 def test_from_perf_model_uses_the_performance_model():
     pm = pytest.importorskip("inferlab.perf_model", reason="inferlab.perf_model not available yet")
-    from inferlab.calibration import CALIBRATED
+    from inferlab.perf.calibration import CALIBRATED
 
     tm = TimeModel.from_perf_model("llama-3.1-8b", "rtx4090")  # calibrated speed, as `inferlab fit` reports
     lesson = TimeModel.from_perf_model("llama-3.1-8b", "rtx4090", speed="lesson")

@@ -2,10 +2,10 @@
 
 import statistics
 
-from inferlab.calibration import CALIBRATED, dev_rows, fitted_constants, llama_bench, validation_table
+from inferlab.perf.calibration import CALIBRATED, dev_rows, fitted_constants, llama_bench, validation_table
 from inferlab.hardware.catalog import MACHINES
 from inferlab.models.catalog import MODELS
-from inferlab.speed import LESSON
+from inferlab.perf.speed import LESSON
 
 
 def _median_err(table, backend, key):

@@ -3,7 +3,7 @@
 import pytest
 
 from inferlab.errors import InvalidValueError, UnknownNameError
-from inferlab.kv_size import KV_TYPES, kv_bytes_per_token, kv_cache_bytes, kv_bytes_per_value, layer_kv_bytes
+from inferlab.perf.kv_size import KV_TYPES, kv_bytes_per_token, kv_cache_bytes, kv_bytes_per_value, layer_kv_bytes
 from inferlab.models.catalog import MODELS
 
 

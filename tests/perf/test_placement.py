@@ -5,7 +5,7 @@ import pytest
 from inferlab.errors import InvalidValueError, UnknownNameError
 from inferlab.hardware.catalog import MACHINES
 from inferlab.models.catalog import MODELS
-from inferlab.placement import FIT_TARGET_BYTES, place
+from inferlab.perf.placement import FIT_TARGET_BYTES, place
 from inferlab.quant.plan import weight_bytes
 
 Q = "Q4_K_M"
@@ -107,7 +107,7 @@ def test_bad_input():
 
 def test_fit_equals_brute_force_search():
     # --fit's answer (read off a cached curve for one GPU) is the largest ngl whose GPU fits
-    from inferlab.placement import _gpus_fit
+    from inferlab.perf.placement import _gpus_fit
 
     for key in ("qwen2.5-32b", "gemma-3-27b", "mixtral-8x7b", "deepseek-v2-lite", "gpt-oss-20b"):
         m = MODELS[key]

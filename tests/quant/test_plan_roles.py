@@ -15,7 +15,7 @@ import pytest
 from inferlab.models.catalog import MODELS
 from inferlab.models.inventory import block_roles, global_tensors, tensor_inventory
 from inferlab.models.spec import ModelSpec, TensorInfo
-from inferlab.placement import _compute_prefix
+from inferlab.perf.placement import _compute_prefix
 from inferlab.quant import plan as plan_mod
 from inferlab.quant.plan import layer_bytes, tensor_plan
 from inferlab.quant.presets import Preset, PureType

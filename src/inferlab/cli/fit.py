@@ -27,10 +27,10 @@ GB = 1e9
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def fit(model, machine_name, quant, n_ctx, kv_type, n_gpu_layers, n_cpu_moe, context, n_prompt, speed_name, order, as_json):
     """Does MODEL fit on a machine, where do its bytes live, and how fast will it run?"""
-    from ..calibration import speed_model
-    from ..placement import place
+    from ..perf.calibration import speed_model
+    from ..perf.placement import place
     from ..quant.plan import effective_bpw, resolve_quant, weight_bytes
-    from ..speed import decode_step_time, prefill_time
+    from ..perf.speed import decode_step_time, prefill_time
 
     spec = resolve_model(model)
     machine = resolve_machine(machine_name, lesson=speed_name == "lesson")

@@ -159,7 +159,7 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
     if rows:
         r = rows[0]
         con.print(f"decode: bandwidth limit = bytes / ({r.limits.eta:.2f} x {r.limits.bandwidth_gbs:.1f} GB/s measured); per-core limit = "
-                  "bytes / (llama.cpp's dequantize+dot rate per core x threads, inferlab.hardware.cpu_model) + overhead per layer")
+                  "bytes / (llama.cpp's dequantize+dot rate per core x threads, inferlab.perf.cpu_model) + overhead per layer")
         con.print("prefill: 2 FLOP per weight at the measured fp32 matmul rate x the CPU prefill efficiency (cpu_model)")
         if r.perf_model_note:
             con.print(f"[dim]perf_model: {r.perf_model_note}[/]")

@@ -366,7 +366,7 @@ def _n_elements(t) -> int:
 
 def decode_limits(bytes_by_type: dict[str, int], n_layer: int, ram, n_threads: int, eta: float | None = None) -> DecodeLimits:
     """Memory and compute time of one CPU decode step (see cpu_model for the rates)."""
-    from .cpu_model import cpu_decode_rate_bytes_per_s, decode_overhead_s_per_layer, reference_for
+    from ..perf.cpu_model import cpu_decode_rate_bytes_per_s, decode_overhead_s_per_layer, reference_for
 
     eta = reference_for(ram)["decode_bw_eff"] if eta is None else eta
     total = sum(bytes_by_type.values())
@@ -416,7 +416,7 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
     machine = machine or detect_machine()
     n_threads = n_threads or physical_cores()
     jobs = [(m, p, toy_model(m, p)) for m in models for p in presets] + [(os.path.basename(g), None, g) for g in gguf_paths]
-    from .cpu_model import cpu_prefill_s
+    from ..perf.cpu_model import cpu_prefill_s
 
     rows = []
     for name, preset, path in jobs:

@@ -25,7 +25,7 @@ def kv_pool_tokens(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: 
                    mem_fraction_static: float = SGLANG_MEM_FRACTION_STATIC) -> int:
     """KV pool in tokens for ``engine`` serving ``model`` (catalog name or spec) on ``machine``."""
     from .. import perf_model as pm
-    from ..placement import place
+    from ..perf.placement import place
 
     if engine not in ENGINES:
         raise UnknownNameError("engine", engine, ENGINES)

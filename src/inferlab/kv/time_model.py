@@ -68,7 +68,7 @@ class TimeModel:
             from .. import perf_model as pm
         except ImportError as exc:  # the lead's module; absent in early checkouts
             raise MissingDependencyError("inferlab.perf_model", "a time model from the performance model") from exc
-        from ..calibration import speed_model
+        from ..perf.calibration import speed_model
         from .pool import resolve_model_machine
 
         speed = speed_model(speed)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .errors import InvalidValueError, check_positive
-from .hardware.device import Device, Machine
+from ..errors import InvalidValueError, check_positive
+from ..hardware.device import Device, Machine
 from .placement import Placement
 
 OP_OFFLOAD_MIN_BATCH = 32  # llama.cpp CUDA: CPU-layer matmuls move to the GPU from this batch size

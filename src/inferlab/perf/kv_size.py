@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .errors import UnknownNameError, check_positive
-from .models.spec import ModelSpec
-from .quant.types import ggml_type
+from ..errors import UnknownNameError, check_positive
+from ..models.spec import ModelSpec
+from ..quant.types import ggml_type
 
 LLAMA_CPP_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 SERVING_KV_TYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-from .errors import InvalidValueError
-from .hardware.device import Device, Machine
+from ..errors import InvalidValueError
+from ..hardware.device import Device, Machine
 from .kv_size import kv_bytes_per_value, swa_cache_tokens
-from .models.spec import ModelSpec
-from .models.inventory import block_roles, global_tensors
-from .quant.plan import layer_bytes, plan_memo, resolve_quant, tensor_plan
+from ..models.spec import ModelSpec
+from ..models.inventory import block_roles, global_tensors
+from ..quant.plan import layer_bytes, plan_memo, resolve_quant, tensor_plan
 
 MiB = 2**20
 GB = 1e9

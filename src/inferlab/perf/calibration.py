@@ -6,7 +6,7 @@ Per backend it fits η (the share of peak bandwidth decode reaches), a fixed cos
 decode step (kernel launches and syncs, which dominate on fast GPUs) and ε (the share of peak
 FP16 throughput prompt processing reaches). The fit runs once, lazily, in a few milliseconds.
 Backends without rows (cpu, rocm, sycl) keep the lesson's values, and the CPU is additionally
-bounded by its measured dequantize-and-dot throughput when hardware.cpu_model provides one.
+bounded by its measured dequantize-and-dot throughput when perf.cpu_model provides one.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import replace
 from functools import cache
 from importlib import resources
 
-from .errors import InvalidValueError, UnknownNameError, check_positive
-from .hardware.device import Machine
-from .models.spec import ModelSpec
+from ..errors import InvalidValueError, UnknownNameError, check_positive
+from ..hardware.device import Machine
+from ..models.spec import ModelSpec
 from .placement import place
 from .speed import LESSON, SpeedModel, decode_step_time, prefill_time
 
@@ -44,7 +44,7 @@ def dev_rows() -> list[dict]:
 def row_machine(row: dict) -> Machine:
     """A machine for a dev row: the catalog device of that chip, with the row's bandwidth and,
     for Apple GPUs with another core count than the catalog's, FP16 scaled by cores."""
-    from .hardware.catalog import DEVICES, apple_host, load_hosts
+    from ..hardware.catalog import DEVICES, apple_host, load_hosts
 
     name = row["device"]
     m = re.match(r"Apple (M\d(?: Pro| Max| Ultra)?) \((\d+)-core GPU", name)
@@ -82,7 +82,7 @@ def llama_bench(model: ModelSpec, quant, machine: Machine, n_prompt: int = 512, 
 
 
 def _fit_backend(rows: list[dict], backend: str) -> dict:
-    from .models.catalog import MODELS
+    from ..models.catalog import MODELS
 
     model = MODELS["llama-2-7b"]
     sel = [r for r in rows if r["backend"] == backend]
@@ -118,20 +118,20 @@ def fitted_constants() -> dict:
 
 
 def _cpu_rate():
-    """The CPU's dequantize-and-dot limit, measured with llama.cpp (hardware/cpu_model.py)."""
-    from .hardware.cpu_model import cpu_decode_rate_for_placement
+    """The CPU's dequantize-and-dot limit, measured with llama.cpp (perf/cpu_model.py)."""
+    from .cpu_model import cpu_decode_rate_for_placement
 
     return cpu_decode_rate_for_placement
 
 
 def _cpu_overhead():
-    from .hardware.cpu_model import decode_overhead_s_per_layer
+    from .cpu_model import decode_overhead_s_per_layer
 
     return decode_overhead_s_per_layer  # the graph/sync cost per block of the CPU's measured reference
 
 
 def _cpu_prefill_rate():
-    from .hardware.cpu_model import cpu_prefill_flops_per_s_for_placement
+    from .cpu_model import cpu_prefill_flops_per_s_for_placement
 
     return cpu_prefill_flops_per_s_for_placement
 
@@ -172,7 +172,7 @@ def speed_model(speed: str | SpeedModel) -> SpeedModel:
 
 def validation_table(speed: SpeedModel | None = None) -> list[dict]:
     """Predicted vs published for every dev row (the numbers the validation script prints)."""
-    from .models.catalog import MODELS
+    from ..models.catalog import MODELS
 
     speed = speed or CALIBRATED()
     out = []

@@ -15,7 +15,7 @@ from functools import cache, lru_cache
 from importlib import resources
 
 from ..errors import InvalidValueError, UnknownNameError
-from .device import Device
+from ..hardware.device import Device
 
 # Types a rate can be asked for but which were not measured: the measured type with the same
 # kernel family and the nearest bits per weight stands in (noted in the entry's source). A
