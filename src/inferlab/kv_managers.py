@@ -13,6 +13,8 @@ pool, in tokens) first; every other option defaults to the engine's own default.
 from __future__ import annotations
 
 from .kv.paged import PagedManager
+from .kv.registry import ENGINES
+from .kv.registry import SEED_NAMES as _SEED_ENGINE
 from .kv.radix import RadixManager
 from .kv.simulator import Request, Run, simulate
 from .kv.slots import SlotManager
@@ -21,9 +23,7 @@ from .kv.workloads import seed_chat
 __all__ = ["Request", "SlotManager", "PagedManager", "RadixManager", "simulate", "compare", "Run",
            "ENGINES"]
 
-# CLI / table names -> manager class
-ENGINES = {"llamacpp": SlotManager, "vllm": PagedManager, "sglang": RadixManager}
-SEED_NAMES = {"slots": SlotManager, "paged": PagedManager, "radix": RadixManager}
+SEED_NAMES = {seed: ENGINES[engine] for seed, engine in _SEED_ENGINE.items()}  # seed name -> manager class
 
 
 def compare(capacity_tokens: int = 384, requests=None, time_model=None) -> dict[str, Run]:

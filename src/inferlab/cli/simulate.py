@@ -29,7 +29,7 @@ def _requests(workload, trace, limit, arrivals, rate, seed):
 
 def _managers(engines, capacity, model, machine, quant, opts):
     from ..kv.pool import kv_pool_tokens
-    from ..kv_managers import ENGINES
+    from ..kv.registry import ENGINES
 
     out = {}
     for e in engines:
