@@ -398,7 +398,7 @@ def _predict_with_perf_model(model_path: str, preset: str, machine, n_prompt: in
     """(pp, tg, why-not) from the calibrated speed model, when it is importable and answers."""
     try:
         from ..models.gguf_reader import model_from_gguf
-        from ..perf_model import llama_bench as predicted_bench
+        from ..perf.calibration import llama_bench as predicted_bench
 
         got = predicted_bench(model_from_gguf(model_path), preset, machine, n_prompt=n_prompt, n_gen=n_gen)
         return got["pp"], got["tg"], ""
