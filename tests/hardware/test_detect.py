@@ -65,8 +65,10 @@ def test_this_machine_cpu_cores_ram_and_no_gpu():
     assert origins["RAM bandwidth"].startswith("calibrated: 2026-11-29")
 
 
-def test_machine_detect_is_the_library_entry_point():
-    m = Machine.detect(profile=PROFILE)
+def test_resolve_machine_local_is_the_library_entry_point():
+    from inferlab.hardware.resolve import resolve_machine
+
+    m = resolve_machine("local", profile=PROFILE)
     assert isinstance(m, Machine) and m.ram.is_cpu and m.name == "local"
     assert m.ram.n_cores == int(os.popen("lscpu -p=core | grep -v '^#' | sort -u | wc -l").read())
 

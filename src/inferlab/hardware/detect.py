@@ -4,7 +4,7 @@
 (bandwidth and FLOPs cannot be read from a driver), takes the host's memory bandwidth and
 matmul throughput from the calibration profile (``inferlab calibrate``) when there is one,
 and returns a Detection: the Machine plus, for every figure, where it came from.
-``detect_machine()`` returns just the Machine (``Machine.detect()`` calls it).
+``detect_machine()`` returns just the Machine (``hardware.resolve.resolve_machine("local")`` calls it).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def _host_device(cpu: CpuInfo | None, memory: MemoryInfo | None, profile: dict |
         source=f"detected on this machine ({cpu.source if cpu else 'no CPU probe'}"
                f"{'; calibrated ' + profile.get('date', '') if profile else ''})",
         n_cores=cores, fp32_tflops=flops32, vendor=cpu.vendor if cpu else "",
-        notes=("ISA: " + ", ".join(cpu.features)) if cpu else "",
+        notes=("ISA: " + ", ".join(cpu.features)) if cpu else "", isa=tuple(cpu.features) if cpu else (),
     )
 
 

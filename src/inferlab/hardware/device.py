@@ -30,6 +30,7 @@ class Device:
     fp32_tflops: float | None = None
     vendor: str = ""
     notes: str = ""
+    isa: tuple[str, ...] = ()  # CPU devices: vector ISA features as the OS reports them ("avx2", "avx512f", "neon", "amx_tile"...)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -96,10 +97,3 @@ class Machine:
 
     def with_ram(self, ram: Device) -> "Machine":
         return replace(self, ram=ram)
-
-    @staticmethod
-    def detect(**options) -> "Machine":
-        """The computer this runs on (see inferlab.hardware.detect.detect_machine)."""
-        from .detect import detect_machine
-
-        return detect_machine(**options)

@@ -120,3 +120,15 @@ def _snapshot(repo_dir: Path) -> Path | None:
 
 def _usable(snapshot: Path) -> bool:
     return (snapshot / "config.json").is_file() or bool(_model_ggufs(snapshot))
+
+
+def resolve_model(model: ModelSpec | str | os.PathLike) -> ModelSpec:
+    """The project's one model resolver: a ModelSpec as given, or a source for ``load_model``
+    (catalog id, case-insensitive; .gguf file; HF folder or config.json; cached HF id)."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        return load_model(model)
+    raise InvalidValueError(
+        f"model must be a ModelSpec or a model source (a catalog id such as 'llama-3.1-8b', a .gguf path, "
+        f"a Hugging Face folder or config.json, or a cached org/name), got {type(model).__name__} {model!r:.80}")

@@ -32,11 +32,13 @@ def limits() -> dict:
 
 
 def _simd_of(device: Device) -> str:
-    """The vector ISA class of a CPU device: detect writes 'ISA: avx2, ...' in its notes; catalog
-    hosts name it or not (then AVX2, the common desktop and server baseline)."""
-    notes = device.notes.lower()
-    isa = notes.split("isa:", 1)[1] if "isa:" in notes else notes
-    words = set(isa.replace(",", " ").split())
+    """The vector ISA class of a CPU device, from its ``isa`` features (detected); a catalog host
+    without them may name its ISA in its notes, else AVX2 (the common desktop and server baseline)."""
+    words = {w.lower() for w in device.isa} or set(device.notes.lower().replace(",", " ").split())
+    if any(w.startswith("avx512") for w in words):
+        words.add("avx512")
+    if any(w.startswith("amx") for w in words):
+        words.add("amx")
     if "amx" in words:
         return "amx"
     if "avx512" in words:
