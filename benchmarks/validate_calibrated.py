@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--json", default="benchmarks/results/calibration.json")
     args = ap.parse_args()
     from inferlab.perf.calibration import CALIBRATED, fitted_constants, validation_table
-    from inferlab.perf.speed import LESSON
+    from inferlab.perf.speed import BANDWIDTH_ONLY as LESSON
 
     cal, les = validation_table(CALIBRATED()), validation_table(LESSON)
     if args.rows:

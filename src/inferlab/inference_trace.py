@@ -10,7 +10,7 @@ from __future__ import annotations
 from .errors import InvalidValueError
 from .hardware.device import Machine
 from .perf.placement import Placement
-from .perf.speed import LESSON, SpeedModel, decode_step_time, prefill_time
+from .perf.speed import BANDWIDTH_ONLY as LESSON, SpeedModel, decode_step_time, prefill_time
 
 NVME_GBPS = 3.5  # a PCIe 3/4 NVMe drive's sequential read, GB/s (the lesson's 3-7 GB/s range)
 

@@ -1,9 +1,11 @@
 """The seed lesson's performance model, by its names: ``from inferlab.perf_model import ...``.
 
 A thin facade over models/, quant/, kv_size, placement and speed. With default arguments every
-function is the lesson's model (η = 0.7 for decode, 50 % of peak compute for prefill, the
-assumed CPU throughput of the host preset, the approximate compute buffer); pass
-``model=CALIBRATED`` to the speed functions, or call ``llama_bench``, for the calibrated one.
+function is the lesson's model (``LESSON``: η = 0.7 for decode, 50 % of peak compute for prefill,
+the assumed CPU throughput of the host preset, the approximate compute buffer; the core calls it
+``perf.speed.BANDWIDTH_ONLY``); pass ``model=CALIBRATED()`` to the speed functions (``CALIBRATED``
+is a function that fits the model once and returns it), or call ``llama_bench``, for the
+calibrated one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from .models.spec import ModelSpec
 from .perf.placement import Placement
 from .perf.placement import place as _place
 from .quant.plan import Preset, PureType, effective_bpw, resolve_quant, tensor_plan, weight_bytes
-from .perf.speed import LESSON, SpeedModel, arithmetic_intensity, decode_step_time, prefill_time, ridge_batch, roofline_point, throughput
+from .perf.speed import BANDWIDTH_ONLY as LESSON, SpeedModel, arithmetic_intensity, decode_step_time, prefill_time, ridge_batch, roofline_point, throughput
 
 GB = 1e9  # the lesson prints sizes in GB = 10^9 bytes
 GiB = 2**30

@@ -5,7 +5,7 @@ import statistics
 from inferlab.perf.calibration import CALIBRATED, dev_rows, fitted_constants, llama_bench, validation_table
 from inferlab.hardware.catalog import MACHINES
 from inferlab.models.catalog import MODELS
-from inferlab.perf.speed import LESSON
+from inferlab.perf.speed import BANDWIDTH_ONLY as LESSON
 
 
 def _median_err(table, backend, key):

@@ -7,7 +7,7 @@ from inferlab.hardware.catalog import DEVICES, MACHINES
 from inferlab.models.catalog import MODELS
 from inferlab.perf.placement import place
 from inferlab.quant.plan import weight_bytes
-from inferlab.perf.speed import LESSON, decode_step_time, expert_read_fraction, prefill_time, ridge_batch, roofline_point, throughput
+from inferlab.perf.speed import BANDWIDTH_ONLY as LESSON, decode_step_time, expert_read_fraction, prefill_time, ridge_batch, roofline_point, throughput
 
 
 def test_decode_is_bytes_over_eta_beta():

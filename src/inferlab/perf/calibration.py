@@ -5,7 +5,7 @@ Llama 2 7B pp512/tg128 on Apple M1/M2 (Metal) and NVIDIA cards (CUDA, Vulkan), w
 Per backend it fits η (the share of peak bandwidth decode reaches), a fixed cost per block per
 decode step (kernel launches and syncs, which dominate on fast GPUs) and ε (the share of peak
 FP16 throughput prompt processing reaches). The fit runs once, lazily, in a few milliseconds.
-Backends without rows (cpu, rocm, sycl) keep the lesson's values, and the CPU is additionally
+Backends without rows (cpu, rocm, sycl) keep the bandwidth-only model's values, and the CPU is additionally
 bounded by its measured dequantize-and-dot throughput when perf.cpu_model provides one.
 """
 
@@ -23,7 +23,7 @@ from ..errors import InvalidValueError, UnknownNameError, check_positive
 from ..hardware.device import Machine
 from ..models.spec import ModelSpec
 from .placement import place
-from .speed import LESSON, SpeedModel, decode_step_time, prefill_time
+from .speed import BANDWIDTH_ONLY, SpeedModel, decode_step_time, prefill_time
 
 BACKEND_OF_ROW = {"Metal": "metal", "CUDA": "cuda", "Vulkan": "vulkan", "ROCm": "rocm", "CPU": "cpu"}
 
@@ -107,7 +107,7 @@ def _fit_backend(rows: list[dict], backend: str) -> dict:
             best = (err, eta, c)
     # prefill: t = t_peak / ε, the median of the rows' ratios (robust to old builds' outliers)
     eps_each = [tp * r["pp"] / 512 for r, _, _, tp in probes if r["pp"]]
-    eps = statistics.median(eps_each) if eps_each else LESSON.prefill_compute_eff
+    eps = statistics.median(eps_each) if eps_each else BANDWIDTH_ONLY.prefill_compute_eff
     return {"eta": best[1], "layer_overhead_s": best[2], "eps": min(eps, 1.0), "n_rows": len(sel)}
 
 
@@ -156,17 +156,17 @@ def CALIBRATED() -> SpeedModel:  # noqa: N802 (a constant built lazily)
     )
 
 
-SPEED_MODELS = ("calibrated", "lesson")
+SPEED_MODELS = ("calibrated", "bandwidth-only", "lesson")  # "lesson": the bandwidth-only model under the seed's name
 
 
 def speed_model(speed: str | SpeedModel) -> SpeedModel:
-    """A SpeedModel by name ("calibrated": CALIBRATED(), "lesson": LESSON), or the one given."""
+    """A SpeedModel by name ("calibrated": CALIBRATED(); "bandwidth-only" or "lesson": BANDWIDTH_ONLY), or the one given."""
     if isinstance(speed, SpeedModel):
         return speed
     if speed == "calibrated":
         return CALIBRATED()
-    if speed == "lesson":
-        return LESSON
+    if speed in ("bandwidth-only", "lesson"):
+        return BANDWIDTH_ONLY
     raise UnknownNameError("speed model", speed, SPEED_MODELS)
 
 

@@ -29,7 +29,7 @@ GB = 1e9
 FIT_TARGET_BYTES = 1024 * MiB  # llama.cpp --fit-target default, per device
 FIT_CTX_MIN = 4096  # llama.cpp --fit-ctx default
 N_UBATCH = 512  # llama.cpp -ub default: the physical batch that sizes compute buffers
-ORDERS = ("llama.cpp", "lesson")
+ORDERS = ("llama.cpp", "first-blocks", "lesson")  # "lesson": the seed lesson's name for "first-blocks"
 
 
 def _cumsum(xs) -> tuple[float, ...]:
@@ -296,11 +296,23 @@ def place(
     shrink towards fit_ctx. n_gpu_layers None: --fit picks it; an explicit value is kept even
     when it does not fit (fits=False, with the reason). n_cpu_moe / cpu_moe keep the routed
     experts of the first N (all) blocks in host memory (-ot exps=CPU).
-    order: "llama.cpp" (the output head is offloaded first, then the last blocks) or "lesson"
-    (the seed's simplification: blocks 0 … ngl-1, the output head only at ngl = n_layers + 1).
+    order: "llama.cpp" (the output head is offloaded first, then the last blocks) or "first-blocks"
+    (the seed lesson's simplification, also accepted as "lesson": blocks 0 … ngl-1, the output head
+    only at ngl = n_layers + 1).
+    model and machine may be catalog names (``place("llama-3.1-8b", "rtx4090")``).
     """
+    if not isinstance(model, ModelSpec):
+        from ..models.resolve import resolve_model
+
+        model = resolve_model(model)
+    if not isinstance(machine, Machine):
+        from ..hardware.resolve import resolve_machine
+
+        machine = resolve_machine(machine)
     if order not in ORDERS:
         raise InvalidValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    if order == "lesson":
+        order = "first-blocks"  # one spelling inside
     if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0):
         raise InvalidValueError(f"n_ctx must be an integer number of tokens > 0, got {n_ctx!r}")
     L = model.n_layers
@@ -385,7 +397,7 @@ def _compute_gpu_curve(model: ModelSpec, pre: _Prefix, n_ctx, kv_type, n_seq, n_
     buffers = compute_buffer_bytes(model, n_ubatch, True)
     curve = [0.0]
     for ngl in range(1, L + 2):
-        if order == "lesson":
+        if order == "first-blocks":
             lo, hi, out = 0, min(ngl, L), ngl > L
         else:
             lo, hi, out = max(L + 1 - ngl, 0), L, True
@@ -450,7 +462,7 @@ def _compute_layout(pre: _Prefix, L, ngl, order, shares, n_cpu_moe, no_kv_offloa
     if not shares or ngl <= 0:
         lo = hi = 0
         out_on_gpu = False
-    elif order == "lesson":
+    elif order == "first-blocks":
         lo, hi, out_on_gpu = 0, min(ngl, L), ngl > L
     else:
         lo, hi, out_on_gpu = max(L + 1 - ngl, 0), L, True  # i_gpu_start = n_layers + 1 - ngl

@@ -6,9 +6,10 @@ device that holds them; each device's time is the larger of bytes / (η·β) and
 through in micro-batches: compute-bound, with a CPU-resident layer's weights copied over PCIe
 to the GPU for large batches (llama.cpp's op offload).
 
-Two parameter sets: ``LESSON`` is the seed lesson's model exactly (η = 0.7 everywhere, 50 % of
-peak compute for prefill, the CPU's assumed throughput); ``CALIBRATED`` is fitted on published
-llama-bench results (see calibration.py).
+Two parameter sets: ``BANDWIDTH_ONLY`` applies fixed efficiencies to the vendor peaks (η = 0.7 of
+bandwidth everywhere, 50 % of peak compute for prefill, the CPU's assumed throughput: the seed
+lesson's constants, which ``inferlab.perf_model`` exposes as ``LESSON``); ``CALIBRATED`` is fitted
+on published llama-bench results (see calibration.py).
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ class SpeedModel:
         return self.prefill_compute_eff_by_backend.get(dev.backend, self.prefill_compute_eff)
 
 
-# The lesson: η = 0.7 for every memory and the PCIe link, 50 % of peak FP16 for prefill, weight
-# FLOPs only (2 per weight, token_embd excluded: it is a lookup), CPU weights cross PCIe once.
-LESSON = SpeedModel("lesson", attention_flops=False)
+# Fixed efficiencies on the vendor peaks (the seed lesson's constants): η = 0.7 for every memory and
+# the PCIe link, 50 % of peak FP16 for prefill, weight FLOPs only (2 per weight, token_embd excluded:
+# it is a lookup), CPU weights cross PCIe once per prompt.
+BANDWIDTH_ONLY = SpeedModel("bandwidth-only", attention_flops=False)
 
 
 def _hw(placement: Placement, machine: Machine) -> list[Device]:
@@ -76,7 +78,7 @@ def _layer_overhead_s(model: SpeedModel, hw: Device) -> float:
     return model.layer_overhead_s.get(hw.backend, 0.0)
 
 
-def decode_step_time(placement: Placement, machine: Machine, context: int, batch: int = 1, model: SpeedModel = LESSON) -> dict:
+def decode_step_time(placement: Placement, machine: Machine, context: int, batch: int = 1, model: SpeedModel = BANDWIDTH_ONLY) -> dict:
     """Seconds for one decode step of `batch` sequences at `context` cached tokens each.
 
     Returns total_s, tok_per_s (tokens generated per second, all sequences), gpu_s, cpu_s,
@@ -135,7 +137,7 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
             "batch": batch, "context": context, "per_device": per, "bound": slow["bound"], "bottleneck": why}
 
 
-def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: SpeedModel = LESSON, context: int = 0) -> dict:
+def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: SpeedModel = BANDWIDTH_ONLY, context: int = 0) -> dict:
     """Seconds to process a prompt of n_tokens (after `context` cached tokens).
 
     GPU layers compute at ε·P of their GPU. CPU layers compute on the CPU, unless op offload
@@ -200,7 +202,7 @@ def roofline_point(device: Device, batch: int, bits_per_weight: float, eta: floa
             "bound": "compute" if mem_roof >= device.fp16_flops else "memory", "utilization": attained / device.fp16_flops}
 
 
-def throughput(placement: Placement, machine: Machine, batch: int, context: int, model: SpeedModel = LESSON) -> dict:
+def throughput(placement: Placement, machine: Machine, batch: int, context: int, model: SpeedModel = BANDWIDTH_ONLY) -> dict:
     """Aggregate decode tokens/s of `batch` concurrent sequences (the roofline in practice)."""
     d = decode_step_time(placement, machine, context, batch, model)
     return {"batch": batch, "tok_per_s": d["tok_per_s"], "per_sequence_tok_per_s": d["tok_per_s"] / batch, "step_s": d["total_s"], "bound": d["bound"]}
