@@ -9,16 +9,21 @@ import pytest
 from inferlab.errors import InvalidValueError, UnknownNameError
 from inferlab.hardware.catalog import DEVICES, HOSTS
 from inferlab.perf.cpu_model import (
+    attach_rates,
     cpu_decode_rate_bytes_per_s,
     cpu_decode_rate_for_mix,
     cpu_decode_rate_for_placement,
     cpu_prefill_flops_per_s_for_placement,
     cpu_prefill_s,
     decode_overhead_s_per_layer,
+    kernel_family,
     limits,
     measured_reference,
     prefill_eff_vs_fp32_peak,
+    rate_provenance,
     reference_for,
+    resolve_type,
+    scaled_reference,
 )
 from inferlab.hardware.device import Device
 
@@ -133,7 +138,9 @@ def test_prefill_time_is_each_types_flops_at_its_share_of_the_peak_of_the_thread
     effs = ref["prefill_eff_vs_fp32_peak_by_type"]
     assert prefill_eff_vs_fp32_peak(host, "Q4_1") == effs["Q4_1"]
     assert prefill_eff_vs_fp32_peak(host, "q5_k") == effs["Q6_K"]  # the decode stand-ins apply
-    assert prefill_eff_vs_fp32_peak(host, "TQ1_0") == ref["prefill_eff_vs_fp32_matmul"]  # nobody measured it: the median
+    # nobody measured TQ1_0: its family (ternary) has no measured member, k-quant (where it falls
+    # back) has Q4_K on every reference: Q4_K's share, as for decode
+    assert prefill_eff_vs_fp32_peak(host, "TQ1_0") == effs["Q4_K"]
     got = cpu_prefill_s(host, {"Q4_1": 1e12, "Q4_0": 2e12}, 2)
     assert got == pytest.approx(1e12 / (effs["Q4_1"] * 0.5e12) + 2e12 / (effs["Q4_0"] * 0.5e12))
     assert cpu_prefill_s(host, {"Q4_1": 1e12}, 1) == pytest.approx(2 * cpu_prefill_s(host, {"Q4_1": 1e12}, 2))  # half the cores
@@ -182,3 +189,99 @@ def test_calibrated_speed_model_uses_the_cpus_own_overhead_prefill_rate_and_the_
     p = place(m, base, "Q4_K_M", n_ctx=640)
     assert prefill_time(p, base, 128, lesson)["per_device"][0]["compute_s"] == pytest.approx(
         128 * p.devices[0].flops_per_token / (base.ram.fp16_flops * 0.5))
+
+
+# ------------------------------------------------------------------ every ggml type has a CPU cost
+
+def _all_ggml_types() -> list[str]:
+    import json
+    from importlib import resources
+
+    return [t["type"] for t in json.loads(resources.files("inferlab.data").joinpath("ggml_types.json").read_text())["ggml_types"]]
+
+
+def test_every_ggml_type_has_a_kernel_family_and_a_cpu_cost_on_every_reference():
+    """Issue 15 class 1: each of the 30 types of ggml_types.json (F32, IQ1-IQ4, MXFP4, TQ1/TQ2,
+    NVFP4, Q1_0...) gets a decode rate and a prefill share on every reference; a measured type is
+    its own figure, any other a measured type of the reference, named in the provenance."""
+    types = _all_ggml_types()
+    assert len(types) == 30 and {"F32", "IQ1_S", "IQ2_XXS", "MXFP4", "TQ1_0", "NVFP4", "Q2_0"} <= set(types)
+    for ref in limits()["references"]:
+        host = _host_of(ref)
+        measured = ref["per_core_bytes_per_s"]
+        for ty in types:
+            kernel_family(ty)  # every type is in a family (a new type in ggml_types.json fails here)
+            key, why = resolve_type(measured, ty)
+            assert key in measured
+            assert (why == "") == (ty in measured), (ty, why)
+            if why:
+                assert f"stand-in {key}" in why and ty in why
+            rate = cpu_decode_rate_bytes_per_s(host, ty, 1)
+            assert rate == measured[key]  # the stand-in's own per-core rate, not a made-up one
+            assert 0 < prefill_eff_vs_fp32_peak(host, ty) <= 1
+        said = rate_provenance(host, types)
+        assert ref["id"] in said[0]
+        assert len(said) == 1 + sum(ty not in measured for ty in types)  # one sentence per stand-in
+
+
+def test_stand_ins_stay_in_the_kernel_family_when_it_has_a_measured_member():
+    table = {"Q4_K": 1.0, "IQ3_XXS": 2.0, "IQ4_NL": 3.0, "F16": 4.0, "TQ2_0": 5.0}
+    assert resolve_type(table, "IQ2_XXS")[0] == "IQ3_XXS"  # the grid-codebook kernels
+    assert resolve_type(table, "IQ1_M")[0] == "IQ3_XXS"
+    assert resolve_type(table, "MXFP4")[0] == "IQ4_NL"  # the 16-value table shuffle (kvalues_mxfp4 like iq4nl)
+    assert resolve_type(table, "NVFP4")[0] == "IQ4_NL"
+    assert resolve_type(table, "TQ1_0")[0] == "TQ2_0"
+    assert resolve_type(table, "F32")[0] == "F16" and resolve_type(table, "BF16")[0] == "F16"
+    assert "same kernel family" in resolve_type(table, "IQ2_S")[1]
+    assert "nearest measured kernel family: k-quant" in resolve_type({"Q4_K": 1.0}, "IQ2_S")[1]
+    with pytest.raises(UnknownNameError, match="ggml type"):
+        resolve_type(table, "Q9_Z")
+
+
+def _fit(*args: str) -> dict:
+    import json
+
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["fit", *args, "--json"])
+    assert res.exit_code == 0, (args, res.output)
+    return json.loads(res.output)
+
+
+@pytest.mark.parametrize("quant", ["IQ2_M", "IQ1_S", "IQ2_XXS", "IQ3_XXS", "TQ1_0", "type:F32", "type:MXFP4", "type:NVFP4",
+                                   "type:TQ2_0", "type:BF16", "type:Q1_0"])
+def test_fit_with_every_layer_on_the_cpu_never_refuses_a_type(quant):
+    r = _fit("llama-2-7b", "--on", "cpu-ddr5", "--quant", quant)
+    assert r["fits"] and r["decode"]["tok_per_s"] > 0 and r["prefill"]["tok_per_s"] > 0
+
+
+def test_gpt_oss_mxfp4_moe_with_experts_on_the_cpu():
+    """gpt-oss's MXFP4 experts are exactly what --n-cpu-moe keeps in RAM: the CPU times them with
+    MXFP4's stand-in (IQ4_NL's family on a reference without MXFP4)."""
+    all_gpu = _fit("gpt-oss-20b", "--on", "rtx4090", "--quant", "MXFP4_MOE", "--ngl", "99", "--ctx", "8192")
+    some_cpu = _fit("gpt-oss-20b", "--on", "rtx4090", "--quant", "MXFP4_MOE", "--ngl", "99", "--ctx", "8192", "--n-cpu-moe", "12")
+    assert some_cpu["devices"][0]["weights_bytes"] > all_gpu["devices"][0]["weights_bytes"] + 1e9  # 12 blocks of experts in RAM
+    assert 0 < some_cpu["decode"]["tok_per_s"] < all_gpu["decode"]["tok_per_s"]  # the CPU's share of each step costs time
+
+
+def test_attached_rates_are_the_devices_own_and_scaling_follows_calibrates_figures():
+    ref = limits()["references"][0]
+    here = {"fp32_matmul_gflops_per_core": 100.0, "int8_matmul_gops_per_core": 300.0}
+    theirs = {"fp32_matmul_gflops_per_core": 50.0, "int8_matmul_gops_per_core": 100.0}
+    scaled = scaled_reference(dict(ref, calibrate_figures=theirs), here, rid="test-profile", date="2026-12-01T00:00:00+00:00")
+    # quantized kernels follow int8 (x3), float ones fp32 (x2); the per-layer overhead shrinks by the fp32 ratio
+    assert scaled["per_core_bytes_per_s"]["Q4_K"] == pytest.approx(3 * ref["per_core_bytes_per_s"]["Q4_K"])
+    assert scaled["per_core_bytes_per_s"]["F16"] == pytest.approx(2 * ref["per_core_bytes_per_s"]["F16"])
+    assert scaled["overhead_s_per_layer"] == pytest.approx(ref["overhead_s_per_layer"] / 2)
+    assert "test-profile" in scaled["provenance"] and ref["id"] in scaled["provenance"]
+    half = scaled_reference(ref, here, rid="p2", date="d")  # the reference has no calibrate figures: nothing scaled, said
+    assert half["per_core_bytes_per_s"] == ref["per_core_bytes_per_s"] and "not scaled" in half["provenance"]
+    dev = replace(HOST, source="test: attached rates")
+    before = cpu_decode_rate_bytes_per_s(dev, "Q4_K", 1)
+    attach_rates(dev, scaled)
+    assert reference_for(dev) is scaled and reference_for(replace(dev, memory_gb=8.0)) is scaled  # derived devices keep them
+    assert cpu_decode_rate_bytes_per_s(dev, "Q4_K", 1) == pytest.approx(3 * before)
+    assert "test-profile" in rate_provenance(dev, ["Q4_K"])[0]
+    assert reference_for(HOST) is not scaled  # other devices are untouched

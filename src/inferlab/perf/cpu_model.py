@@ -3,26 +3,28 @@
 Decode on a CPU reads every weight once per token. When the cores are fast and few memory
 channels feed them, bandwidth limits it (bytes / (η·β)); when the cores are few or slow, the
 dequantize+dot kernels do (bytes / (rate per core x threads)). The rates are measured with
-llama.cpp itself (tg128 of single-type models, benchmarks/cpu_decode_rates.py) and stored as
-data with their source in data/cpu_limits.json. Standard library only (core).
+llama.cpp itself (tg of single-type models, benchmarks/cpu_decode_rates.py) and stored as data
+with their source in data/cpu_limits.json, one reference CPU per ISA class.
+
+Where the rates come from, for a device (``reference_for``):
+1. this machine's own rates, measured by ``inferlab calibrate --engine llama.cpp`` and attached
+   to the detected device by hardware.detect (``attach_rates``): the machine profile's id and date;
+2. without llama.cpp, the reference of the device's ISA class scaled by what ``inferlab calibrate``
+   measured here against the same figures on the reference (``scaled_reference``);
+3. otherwise the reference of the device's ISA class as measured (a catalog CPU).
+A ggml type the chosen rates lack takes a stand-in of its kernel family (data: kernel_families);
+``rate_provenance`` says which, so a prediction can name it. Standard library only (core).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache, lru_cache
 from importlib import resources
 
 from ..errors import InvalidValueError, UnknownNameError
 from ..hardware.device import Device
-
-# Types a rate can be asked for but which were not measured: the measured type with the same
-# kernel family and the nearest bits per weight stands in (noted in the entry's source). A
-# reference that measured Q4_0/Q4_1 uses its own figures (on Zen 4 Q4_1's kernel runs at about
-# half Q4_K's bytes per second: no repacked or tinyBLAS path for it).
-_STAND_IN = {"Q4_0": "Q4_K", "Q4_1": "Q4_K", "Q5_K": "Q6_K", "Q5_0": "Q6_K", "Q5_1": "Q6_K", "Q3_K": "Q4_K",
-             "Q2_K": "Q4_K", "IQ4_XS": "Q4_K", "IQ4_NL": "Q4_K", "BF16": "F16"}
 
 
 @cache
@@ -31,42 +33,183 @@ def limits() -> dict:
     return json.loads(resources.files("inferlab.data").joinpath("cpu_limits.json").read_text())
 
 
+# ---------------------------------------------------------------- kernel families and stand-ins
+
+@cache
+def _family_of() -> dict[str, str]:
+    return {ty: fam for fam, f in limits()["kernel_families"]["families"].items() for ty in f["types"]}
+
+
+def kernel_family(ggml_type: str) -> str:
+    """The llama.cpp CPU kernel family of a ggml type (float, legacy, k-quant, iq-grid, iq-nonlinear,
+    fp4, ternary, low-bit); UnknownNameError for a name that is no ggml type."""
+    fam = _family_of().get(str(ggml_type).upper())
+    if fam is None:
+        raise UnknownNameError("ggml type", ggml_type, list(_family_of()))
+    return fam
+
+
+def _bpw(ty: str) -> float:
+    from ..quant.types import ggml_types
+
+    t = ggml_types().get(ty)
+    return t.bits_per_weight if t else 8.0
+
+
+def _candidates(ty: str) -> list[str]:
+    """Stand-ins to try for ``ty``: the data's list, then the rest of its family by nearest bits
+    per weight, then the family it falls back to (the same way)."""
+    data = limits()["kernel_families"]
+    out = list(data["stand_ins"].get(ty, []))
+    fam = _family_of()[ty]
+    seen = {fam}
+    while fam is not None:
+        members = [m for m in data["families"][fam]["types"] if m != ty]
+        out += sorted(members, key=lambda m: abs(_bpw(m) - _bpw(ty)))
+        fam = data["families"][fam]["falls_back_to"]
+        fam = None if fam in seen else fam
+        if fam:
+            seen.add(fam)
+    return out
+
+
+def resolve_type(table: Mapping[str, float], ggml_type: str) -> tuple[str, str]:
+    """(the key of ``table`` that times ``ggml_type``, '' when it was measured itself or a sentence
+    naming the stand-in and its kernel family). Every ggml type resolves while ``table`` holds
+    one type of any family; a name that is no ggml type raises UnknownNameError."""
+    ty = str(ggml_type).upper()
+    kernel_family(ty)  # raises for a name that is no ggml type
+    if ty in table:
+        return ty, ""
+    seen = {ty}
+    queue = _candidates(ty)
+    while queue:
+        c = queue.pop(0)
+        if c in seen:
+            continue
+        seen.add(c)
+        if c in table:
+            same = "same" if kernel_family(c) == kernel_family(ty) else "nearest measured"
+            return c, (f"{ty} ({kernel_family(ty)} kernels) not measured: stand-in {c} ({same} kernel family"
+                       f"{'' if same == 'same' else ': ' + kernel_family(c)})")
+        if c in _family_of():
+            queue += _candidates(c)
+    raise UnknownNameError("ggml type with a CPU rate", ggml_type, list(table))
+
+
+# ---------------------------------------------------------------- which rates stand for a device
+
+_ATTACHED: dict[str, dict] = {}  # Device.source -> rates measured (or scaled) for that device
+
+
+def attach_rates(device: Device, reference: dict) -> None:
+    """Make ``reference`` (a dict shaped like a data/cpu_limits.json entry, with an id and a date)
+    the rates of ``device`` and of every device derived from it (same source string: detect puts
+    the profile's id and date there). hardware.detect calls it for the calibrated host."""
+    if not device.source:
+        raise InvalidValueError(f"device {device.name!r} has no source string to attach CPU rates to")
+    for key in ("id", "date", "per_core_bytes_per_s", "parallel_efficiency", "overhead_s_per_layer"):
+        if key not in reference:
+            raise InvalidValueError(f"CPU rates for {device.name!r} lack {key!r}")
+    _ATTACHED[device.source] = reference
+    _rate_for_plan.cache_clear()
+    _prefill_rate_for_plan.cache_clear()
+
+
+def attached_rates(device: Device) -> dict | None:
+    """The rates attached to ``device`` (this machine's profile), or None."""
+    return _ATTACHED.get(device.source)
+
+
 def _simd_of(device: Device) -> str:
     """The vector ISA class of a CPU device, from its ``isa`` features (detected); a catalog host
     without them may name its ISA in its notes, else AVX2 (the common desktop and server baseline)."""
     words = {w.lower() for w in device.isa} or set(device.notes.lower().replace(",", " ").split())
-    if any(w.startswith("avx512") for w in words):
-        words.add("avx512")
     if any(w.startswith("amx") for w in words):
-        words.add("amx")
-    if "amx" in words:
         return "amx"
-    if "avx512" in words:
+    if any(w.startswith("avx512") for w in words):
         return "avx512"
-    if "neon" in words or "apple" in device.name.lower():
+    if "neon" in words or "asimd" in words or "apple" in device.name.lower():
         return "neon"
     return "avx2"
 
 
 def measured_reference(device: Device) -> dict | None:
-    """The measured reference CPU of ``device``'s ISA class, or None when none was measured."""
+    """The stored reference CPU of ``device``'s ISA class, or None when none was measured."""
     simd = _simd_of(device)
     return next((r for r in limits()["references"] if r["simd"] == simd), None)
 
 
 def reference_for(device: Device) -> dict:
-    """The measured reference CPU that stands for ``device``: same ISA class if measured, else the
-    first entry (a stand-in: its rates may be far from this CPU's)."""
-    return measured_reference(device) or limits()["references"][0]
+    """The rates that stand for ``device``: this machine's own (attached from its profile), else the
+    stored reference of its ISA class, else the first entry (a stand-in: its rates may be far
+    from this CPU's)."""
+    return _ATTACHED.get(device.source) or measured_reference(device) or limits()["references"][0]
 
 
-def _measured_key(table: Mapping[str, float], ggml_type: str, what: str) -> str:
-    key = ggml_type.upper()
-    key = key if key in table else _STAND_IN.get(key, key)
-    if key not in table:
-        raise UnknownNameError(what, ggml_type, list(table) + list(_STAND_IN))
-    return key
+def rates_label(device: Device) -> str:
+    """One line naming the CPU rates a prediction for ``device`` uses (profile id and date, or
+    the stored reference and how it was adapted)."""
+    ref = reference_for(device)
+    how = ref.get("provenance")
+    if how:
+        return how
+    kind = "measured" if measured_reference(device) is ref else "a stand-in (no reference of this ISA class)"
+    return f"llama.cpp CPU rates: reference {ref['id']} ({ref.get('simd', '?')}, {kind}, {ref.get('date', '?')[:10]})"
 
+
+def rate_provenance(device: Device, ggml_types: Iterable[str]) -> list[str]:
+    """Where the CPU decode rate of each type comes from: the rates' label, then one sentence per
+    type that takes a stand-in."""
+    ref = reference_for(device)
+    out = [rates_label(device)]
+    for ty in sorted({str(t).upper() for t in ggml_types}):
+        _, why = resolve_type(ref["per_core_bytes_per_s"], ty)
+        if why:
+            out.append(why)
+    return out
+
+
+# ---------------------------------------------------------------- scaling a reference by calibrate's figures
+
+# Which calibrate figure each kernel family's decode rate follows when a reference is carried to
+# another CPU without llama.cpp: the quantized kernels are int8 dot products (vpmaddubsw /
+# vpdpbusd), the float ones fp32 FMAs.
+_SCALE_BY = {"float": "fp32_matmul_gflops_per_core", "legacy": "int8_matmul_gops_per_core",
+             "k-quant": "int8_matmul_gops_per_core", "iq-grid": "int8_matmul_gops_per_core",
+             "iq-nonlinear": "int8_matmul_gops_per_core", "fp4": "int8_matmul_gops_per_core",
+             "ternary": "int8_matmul_gops_per_core", "low-bit": "int8_matmul_gops_per_core"}
+
+
+def scaled_reference(ref: dict, here: Mapping[str, float], *, rid: str, date: str) -> dict:
+    """``ref`` carried to this CPU by what ``inferlab calibrate`` measured on both: each type's
+    per-core rate x (this CPU's / the reference's per-core int8 or fp32 matmul rate, by kernel
+    family), the per-layer overhead / the fp32 ratio (graph nodes are float work), prefill shares
+    kept (they are shares of the fp32 rate, which is this CPU's). ``here`` and the reference's
+    ``calibrate_figures`` hold fp32_matmul_gflops_per_core and int8_matmul_gops_per_core; a figure
+    missing on either side scales nothing and is named in the provenance."""
+    theirs = ref.get("calibrate_figures") or {}
+    ratios, missing = {}, []
+    for fig in sorted(set(_SCALE_BY.values())):
+        if theirs.get(fig) and here.get(fig):
+            ratios[fig] = here[fig] / theirs[fig]  # this CPU's kernels vs the reference's, same calibrate kernel
+        else:
+            missing.append(fig)
+    out = dict(ref)
+    out["per_core_bytes_per_s"] = {ty: r * ratios.get(_SCALE_BY[kernel_family(ty)], 1.0)
+                                   for ty, r in ref["per_core_bytes_per_s"].items()}
+    out.pop("rates_bytes_per_s_by_threads", None)  # measured on the reference only
+    out["overhead_s_per_layer"] = ref["overhead_s_per_layer"] / ratios.get("fp32_matmul_gflops_per_core", 1.0)
+    out.pop("fp32_peak_tflops", None)  # prefill shares apply to this device's own fp32 figure
+    out.pop("measurements", None)
+    out["id"], out["date"], out["scaled_from"] = rid, date, ref["id"]
+    said = ", ".join(f"{k.split('_matmul')[0]} x{v:.2f}" for k, v in ratios.items()) or "nothing (no common figures)"
+    out["provenance"] = (f"llama.cpp CPU rates: reference {ref['id']} ({ref['simd']}) scaled by machine profile {rid} of "
+                         f"{date} ({said})" + (f"; not scaled by {', '.join(missing)} (not measured on both)" if missing else ""))
+    return out
+
+
+# ---------------------------------------------------------------- rates
 
 def cpu_decode_rate_bytes_per_s(device: Device, ggml_type: str, n_threads: int | None = None) -> float:
     """Bytes of ``ggml_type`` weights per second that llama.cpp's CPU kernels can dequantize and
@@ -75,15 +218,17 @@ def cpu_decode_rate_bytes_per_s(device: Device, ggml_type: str, n_threads: int |
     memory limit η·β. Threads past the physical cores add nothing (SMT shares the vector units).
 
     rate = per-core rate of the type x threads x parallel efficiency (both measured with llama.cpp;
-    data/cpu_limits.json says on which CPU, how and when).
+    data/cpu_limits.json or the machine profile says on which CPU, how and when). A type not
+    measured there takes a stand-in of its kernel family (resolve_type).
     """
     if not device.is_cpu:
         raise InvalidValueError(f"{device.name!r} is a {device.backend} device; CPU decode rates apply to cpu devices")
     used = _threads_used(device, n_threads)
     ref = reference_for(device)
     rates = ref["per_core_bytes_per_s"]
-    key = _measured_key(rates, ggml_type, "ggml type with a measured CPU rate")
-    eff = ref["parallel_efficiency"][key] if used > 1 else 1.0  # threads synchronise after every matmul
+    key, _ = resolve_type(rates, ggml_type)
+    eff_table = ref["parallel_efficiency"]
+    eff = eff_table[resolve_type(eff_table, key)[0]] if used > 1 else 1.0  # threads synchronise after every matmul
     return rates[key] * used * eff  # per-core rate x threads x measured parallel efficiency
 
 
@@ -115,15 +260,26 @@ def _threads_used(device: Device, n_threads: int | None) -> int:
 def prefill_eff_vs_fp32_peak(device: Device, ggml_type: str) -> float:
     """Share of the CPU's fp32 peak that llama.cpp's prompt matmuls reach with ``ggml_type``
     weights (measured per type: each type has its own kernel path, repacked, tinyBLAS or the
-    plain dot loop). A reference without per-type figures has one for every type."""
+    plain dot loop). A reference without per-type figures has one for every type; a type with
+    neither a figure nor a stand-in takes the reference's median."""
     ref = reference_for(device)
     by_type = ref.get("prefill_eff_vs_fp32_peak_by_type")
     if not by_type:
         return ref["prefill_eff_vs_fp32_matmul"]  # one figure for every type (the Zen 3 entry)
     try:
-        return by_type[_measured_key(by_type, ggml_type, "ggml type with a measured prefill efficiency")]
+        return by_type[resolve_type(by_type, ggml_type)[0]]
     except UnknownNameError:
-        return ref["prefill_eff_vs_fp32_matmul"]  # a type nobody measured: the reference's median
+        return ref["prefill_eff_vs_fp32_matmul"]
+
+
+def _fp32_peak_flops(device: Device, used: int) -> float:
+    """fp32 FLOP/s of ``used`` cores that the prefill shares are relative to: the peak the rates'
+    shares were measured against when they come with one (this machine's profile), else the
+    device's own figure (calibrated or estimated by detect, or the catalog's)."""
+    ref = reference_for(device)
+    if ref.get("fp32_peak_tflops") and ref is _ATTACHED.get(device.source):
+        return ref["fp32_peak_tflops"] * 1e12 * used / (ref.get("n_cores") or device.n_cores or 1)
+    return (device.fp32_tflops or device.fp16_tflops) * 1e12 * used / (device.n_cores or 1)
 
 
 def cpu_prefill_s(device: Device, flops_by_type: Mapping[str, float], n_threads: int | None = None) -> float:
@@ -133,7 +289,7 @@ def cpu_prefill_s(device: Device, flops_by_type: Mapping[str, float], n_threads:
     if not device.is_cpu:
         raise InvalidValueError(f"{device.name!r} is a {device.backend} device; CPU prefill rates apply to cpu devices")
     used = _threads_used(device, n_threads)
-    peak = (device.fp32_tflops or device.fp16_tflops) * 1e12 * used / (device.n_cores or 1)
+    peak = _fp32_peak_flops(device, used)
     return sum(f / (prefill_eff_vs_fp32_peak(device, ty) * peak) for ty, f in flops_by_type.items() if f)
 
 
@@ -143,16 +299,27 @@ def cpu_decode_rate_for_placement(device: Device, placement, n_threads: int | No
     return _rate_for_plan(device, placement.model, placement.scheme, n_threads)
 
 
+def _weights_by_type(tensors, keep) -> dict[str, float]:
+    """Bytes (or FLOPs, by ``keep``) of the matrices a matmul reads, by type. F32 matrices count
+    only in a file whose weights are all F32: in a quantized file they are the MoE router and
+    such, a few MB that the per-layer overhead was fitted with (the fit leaves F32 out too); 1-D
+    norms and biases never count."""
+    out: dict[str, float] = {}
+    for t in tensors:
+        if len(t.shape) > 1 and (w := keep(t)):
+            out[t.ggml_type] = out.get(t.ggml_type, 0.0) + w
+    if set(out) - {"F32"}:
+        out.pop("F32", None)
+    return out
+
+
 @lru_cache(maxsize=4096)
 def _rate_for_plan(device: Device, model, scheme, n_threads: int | None) -> float:
     from ..quant.plan import tensor_plan
 
     plan = tensor_plan(model, scheme)
     tied = not any(t.name == "output.weight" for t in plan)  # then token_embd is the output head too
-    mix: dict[str, float] = {}
-    for t in plan:
-        if (t.name != "token_embd.weight" or tied) and t.ggml_type != "F32":
-            mix[t.ggml_type] = mix.get(t.ggml_type, 0.0) + t.n_bytes
+    mix = _weights_by_type(plan, lambda t: t.n_bytes if (t.name != "token_embd.weight" or tied) else 0)
     return cpu_decode_rate_for_mix(device, mix, n_threads)
 
 
@@ -166,10 +333,7 @@ def cpu_prefill_flops_per_s_for_placement(device: Device, placement, n_threads: 
 def _prefill_rate_for_plan(device: Device, model, scheme, n_threads: int | None) -> float:
     from ..quant.plan import tensor_plan
 
-    flops: dict[str, float] = {}
-    for t in tensor_plan(model, scheme):
-        if t.layer is not None and len(t.shape) > 1 and t.ggml_type != "F32":
-            flops[t.ggml_type] = flops.get(t.ggml_type, 0.0) + 2.0 * t.n_elements
+    flops = _weights_by_type(tensor_plan(model, scheme), lambda t: 2.0 * t.n_elements if t.layer is not None else 0)
     if not flops:
         raise InvalidValueError(f"{model.name!r} has no block weights to time")
     return sum(flops.values()) / cpu_prefill_s(device, flops, n_threads)
