@@ -73,11 +73,20 @@ def test_bpw_gb_table_and_kv_line_exactly_as_printed():
     assert _run(SNIPPET_MODEL, {}) == EXPECTED_MODEL
 
 
-def test_placement_rows():
+# IN-SAMPLE: the lesson's RTX 4060 Ti figures (45.2 TFLOP/s, a 31.5 GB/s link) and RTX 3060 figure
+# (26.0 TFLOP/s) were back-solved from these very prefill rows (data/devices.json, "lesson" blocks), so
+# the prefill of rows 1-3 reproduces its own inputs; only the Llama 3.1 70B row (vendor RTX 4090 figures)
+# checks prefill against a number not used to set a constant. -ngl, VRAM, decode and the CPU share of
+# every row are independent of those back-solved constants.
+PREFILL_BACK_SOLVED = {"Llama 3.1 8B", "Qwen2.5 14B", "Qwen2.5 32B"}
+
+
+def test_placement_rows_with_in_sample_prefill_for_three_of_them():
     ns: dict = {}
     _run(SNIPPET_MODEL, ns)
     out = _run(SNIPPET_PLACE, ns).splitlines()
     assert len(out) == 4
+    assert {row[0] for row in EXPECTED_PLACE} - PREFILL_BACK_SOLVED == {"Llama 3.1 70B"}
     pat = re.compile(r"-ngl\s+(\d+)/\d+\s+VRAM\s+([\d.]+) GB\s+decode\s+([\d.]+) tok/s\s+\(CPU share\s+(\d+)%\)\s+prefill\s+(\d+) tok/s")
     for line, (name, ngl, vram, dec, share, pre) in zip(out, EXPECTED_PLACE):
         assert line.startswith(name)
@@ -87,7 +96,7 @@ def test_placement_rows():
         assert float(g.group(2)) == vram, line  # VRAM exactly as printed (one decimal)
         assert abs(float(g.group(3)) / dec - 1) <= 0.02, line
         assert abs(int(g.group(4)) - share) <= 1, line
-        assert abs(int(g.group(5)) / pre - 1) <= 0.02, line
+        assert abs(int(g.group(5)) / pre - 1) <= 0.02, line  # rows in PREFILL_BACK_SOLVED: in-sample
 
 
 def test_decode_curve_rows_within_two_percent():
