@@ -23,10 +23,40 @@ def test_fit_json_agrees_with_the_library():
     out = json.loads(r.stdout)
     p = place(MODELS["qwen2.5-32b"], MACHINES["rtx4060ti"], "Q4_K_M", 8192)
     assert out["n_gpu_layers"] == p.n_gpu_layers and out["fits"] == p.fits
-    d = decode_step_time(p, MACHINES["rtx4060ti"], out["decode"]["context"], 1, CALIBRATED())
+    d = decode_step_time(p, MACHINES["rtx4060ti"], out["decode"]["context_tokens"], 1, CALIBRATED())
     assert out["decode"]["tok_per_s"] == pytest.approx(d["tok_per_s"])
     assert out["decode"]["cpu_share"] > 0.5 and "partial offload" in out["decode"]["bottleneck"]
     assert sum(x["weights_bytes"] for x in out["devices"]) == pytest.approx(out["weights_bytes"])
+
+
+def test_fit_json_is_the_fit_report_and_the_human_output_shows_its_numbers():
+    """One report, two renderings: the numbers the terminal shows are the JSON's, rounded."""
+    import re
+
+    args = ("fit", "qwen2.5-32b", "--on", "rtx4060ti", "--ctx", "8192")
+    out = json.loads(run(*args, "--json").stdout)
+    human = run(*args).stdout
+    assert out["schema_version"] == 1 and out["kind"] == "FitReport"
+    assert f"{out['decode']['tok_per_s']:.1f} tok/s" in human
+    assert f"{out['prefill']['tok_per_s']:.0f} tok/s" in human
+    assert f"-ngl {out['n_gpu_layers']}/{out['n_gpu_layers_max']}" in human
+    assert f"{out['weights_bytes'] / 1e9:.2f} GB" in human
+    gpu = next(d for d in out["devices"] if d["kind"] == "gpu")
+    row = next(line for line in human.splitlines() if "RTX 4060 Ti" in line and "+out" in line)
+    assert re.findall(r"\d+\.\d+", row)[:5] == [f"{gpu[k] / 1e9:.2f}" for k in ("weights_bytes", "kv_bytes", "compute_bytes", "total_bytes")] + [f"{gpu['capacity_bytes'] / 1e9:.1f}"]
+    assert f"CPU share {out['decode']['cpu_share']:.0%}" in human
+    # every input figure says where it came from
+    assert {f["origin"] for f in out["figures"]} <= {"catalog", "file", "calibrated", "measured", "estimated", "assumed"}
+    assert any(f["name"] == "GPU bandwidth" and f["origin"] == "catalog" and f["source"] for f in out["figures"])
+
+
+def test_a_configuration_that_does_not_fit_prints_no_speed_and_exits_1():
+    r = run("fit", "llama-3.1-70b", "--on", "rtx4090", "--ngl", "81", "--ctx", "4096", "--json")
+    assert r.returncode == 1, r.stderr
+    out = json.loads(r.stdout)
+    assert not out["fits"] and out["decode"] is None and out["prefill"] is None and "needs" in out["reason"]
+    h = run("fit", "llama-3.1-70b", "--on", "rtx4090", "--ngl", "81", "--ctx", "4096")
+    assert h.returncode == 1 and "does not fit" in h.stdout and "tok/s" not in h.stdout
 
 
 def test_fit_human_output_names_the_placement():

@@ -9,10 +9,17 @@ from click.testing import CliRunner
 from inferlab.cli.main import cli
 
 
+def by_engine(text: str) -> dict:
+    """The SimReport JSON's runs, keyed by engine."""
+    out = json.loads(text)
+    assert out["kind"] == "SimReport" and out["schema_version"] == 1
+    return {r["engine"]: r for r in out["runs"]}
+
+
 def test_json_summaries_for_the_seed_workload():
     res = CliRunner().invoke(cli, ["simulate", "--workload", "seed-chat", "--capacity-tokens", "384", "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = by_engine(res.output)
     assert set(out) == {"llamacpp", "vllm", "sglang"}
     assert out["sglang"]["summary"]["prefill_computed"] == 208
     assert out["vllm"]["config"]["block_size"] == 16
@@ -36,7 +43,7 @@ def test_trace_with_limit_and_poisson_arrivals():
     res = CliRunner().invoke(cli, ["simulate", "--trace", str(trace), "--limit", "30", "--arrivals", "poisson",
                                    "--rate", "0.5", "--capacity-tokens", "200000", "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["vllm"]["summary"]["requests"] == 30
+    assert by_engine(res.output)["vllm"]["summary"]["requests"] == 30
 
 
 def test_errors_are_one_line_exit_2():
@@ -50,16 +57,45 @@ def test_errors_are_one_line_exit_2():
 
 
 def test_model_on_machine_sizes_the_pool_and_prices_steps():
-    import pytest
-
-    pytest.importorskip("inferlab.perf_model")
     from inferlab.kv.pool import kv_pool_tokens
 
     res = CliRunner().invoke(cli, ["simulate", "--workload", "seed-chat", "--model", "llama-3.1-8b", "--on", "rtx4090",
                                    "--engine", "vllm,sglang", "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = by_engine(res.output)
     for e in ("vllm", "sglang"):
         assert out[e]["config"]["capacity_tokens"] == kv_pool_tokens(e, "llama-3.1-8b", "rtx4090")
         assert out[e]["summary"]["time_unit"] == "s"
         assert 0 < out[e]["summary"]["ttft"]["p50"] < 1
+
+
+def test_a_partly_offloaded_model_is_pooled_and_priced_on_one_placement():
+    """Qwen2.5 32B Q4_K_M on a 16 GB card: llama.cpp's --fit offloads 45 of 65 layers (the output
+    head first). The run's KV pool (-c) and its step times must come from that one placement: the
+    step of a 512-token prompt costs prefill_time on it, and a placement in the lesson's order
+    (blocks 0..ngl-1 on the GPU) prices the same step differently, so mixing the two shows."""
+    import pytest
+
+    from inferlab.api import simulate
+    from inferlab.kv.pool import engine_placement
+    from inferlab.kv.workloads import seed_chat
+    from inferlab.perf.calibration import CALIBRATED
+    from inferlab.perf.placement import place
+    from inferlab.perf.speed import prefill_time
+    from inferlab.hardware.catalog import MACHINES
+
+    rep = simulate(seed_chat(), engines="llamacpp", model="qwen2.5-32b", machine="rtx4060ti")
+    run = rep.run("llamacpp")
+    p = engine_placement("llamacpp", "qwen2.5-32b", "rtx4060ti")
+    assert 0 < p.n_gpu_layers < p.model.n_layers + 1  # partly offloaded
+    assert run.capacity_tokens == p.n_ctx and run.n_gpu_layers == p.n_gpu_layers
+    mc = MACHINES["rtx4060ti"]
+    tm_cost = run._run.config  # the manager's config records the pool it was given
+    assert tm_cost["capacity_tokens"] == p.n_ctx
+    from inferlab.kv.time_model import TimeModel
+
+    tm = TimeModel.from_placement(p, mc)
+    assert tm.step_time(512, 0, 0) == pytest.approx(prefill_time(p, mc, 512, CALIBRATED())["total_s"])
+    lesson_order = place(p.model, mc, "Q4_K_M", p.n_ctx, n_gpu_layers=p.n_gpu_layers, order="first-blocks")
+    assert prefill_time(lesson_order, mc, 512, CALIBRATED())["total_s"] != pytest.approx(tm.step_time(512, 0, 0), rel=1e-3)
+    assert tm.name == run.time_model

@@ -5,41 +5,39 @@ from __future__ import annotations
 import json
 import click
 
-from ..errors import UnknownNameError
 
 
 def resolve_model(source: str):
-    """A catalog id, or a file/folder/HF id through models.resolve when that module exists."""
-    from ..models.catalog import MODELS
+    """The one model resolver (models.resolve.resolve_model)."""
+    from ..models.resolve import resolve_model as resolve
 
-    if source in MODELS or source.lower() in {k.lower() for k in MODELS}:
-        return MODELS[source]
-    try:
-        from ..models.resolve import load_model
-    except ImportError:
-        raise UnknownNameError("model", source, MODELS) from None
-    return load_model(source)
+    return resolve(source)
 
 
 def resolve_machine(name: str, lesson: bool = False):
-    """A catalog machine key, or "local" for this computer; lesson=True takes the lesson's
-    variants of the catalog devices (perf_model.MACHINES)."""
-    from ..hardware.catalog import load_machines
-    from ..hardware.detect import machine_from_name
+    """The one machine resolver (hardware.resolve.resolve_machine); lesson=True takes the lesson's
+    variants of the catalog devices."""
+    from ..hardware.resolve import resolve_machine as resolve
 
-    return load_machines(lesson=True)[name] if lesson and name != "local" else machine_from_name(name)
+    return resolve(name, lesson_figures=lesson)
+
+
+_CONTROL = {c: None for c in range(32) if c not in (9, 10)} | {127: None} | {c: None for c in range(0x80, 0xA0)}
+
+
+def safe(text: object) -> str:
+    """Text for the terminal: control characters (escape sequences) from a file or a model dropped,
+    rich markup escaped."""
+    from rich.markup import escape
+
+    return escape(str(text).translate(_CONTROL))
 
 
 def echo_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, default=_default))
+    """Strict JSON on stdout: a report's to_dict(), or plain values (non-finite floats become null)."""
+    from ..api.report import Report, plain
 
-
-def _default(o):
-    if hasattr(o, "__dataclass_fields__"):
-        return {k: getattr(o, k) for k in o.__dataclass_fields__ if k not in ("tensors", "extra")}
-    if isinstance(o, (set, frozenset, tuple)):
-        return list(o)
-    return str(o)
+    click.echo(json.dumps(obj.to_dict() if isinstance(obj, Report) else plain(obj), indent=2, allow_nan=False))
 
 
 def bar(used: float, total: float, width: int = 28) -> str:

@@ -9,11 +9,11 @@ list) puts presets side by side.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import NamedTuple
 
 import click
 
-from ..errors import InferlabError, InvalidValueError
-from .common import echo_json, resolve_model
+from .common import echo_json
 
 GB, GiB = 1e9, 2**30
 # colour per bits-per-weight band: the eye finds the expensive tensors first
@@ -53,16 +53,6 @@ def _shape(shape: tuple[int, ...]) -> str:
     return " × ".join(str(d) for d in shape)
 
 
-def _quant(q: str | None):
-    """A bare preset name means the llama-quantize preset (what files are named after); 'type:X' one GGML type."""
-    from ..quant.presets import preset_aliases, presets, resolve_quant
-
-    if q is None:
-        return None
-    names = {k.upper() for k in presets()} | {k.upper() for k in preset_aliases()}
-    return resolve_quant("preset:" + q if ":" not in q and q.upper() in names else q)
-
-
 def _groups(plan) -> list[dict]:
     """Rows of the grouped table: global tensors alone, block tensors by (role, shape, type)."""
     rows: list[dict] = []
@@ -90,29 +80,22 @@ def _groups(plan) -> list[dict]:
     return globals_first + blocks + globals_last
 
 
-def _summary(spec, q) -> dict:
-    from ..quant.plan import effective_bpw, tensor_plan, weight_bytes
+def _summary(qp) -> dict:
+    """A QuantPlan as the renderers read it (its fields, and its tensors under "_plan")."""
+    from ..api.report import plain
 
-    plan = tensor_plan(spec, q)
-    types: dict[str, int] = defaultdict(int)
-    for e in plan:
-        types[e.ggml_type] += e.n_bytes
-    wb = weight_bytes(spec, q)
-    from ..quant.presets import Preset
-    from ..quant.rules import requires_imatrix
+    d = plain(qp)
+    d.pop("tensors")
+    return {**d, "_plan": [_Entry(t.name, t.shape, t.type, t.n_bytes, t.n_elements, t.layer) for t in qp.tensors]}
 
-    needs_imatrix = isinstance(q, Preset) and requires_imatrix(plan, [e.ggml_type for e in plan], q.name)
-    return {
-        "quant": str(q) if q is not None else f"file ({spec.file_type or 'mixed'})",
-        "label": q.label if q is not None else "the file's own tensors",
-        "total_bytes": wb["total"],
-        "bits_per_weight": round(effective_bpw(spec, q), 4),
-        "n_params": sum(e.n_elements for e in plan),
-        "breakdown_bytes": wb,
-        "bytes_by_type": dict(sorted(types.items(), key=lambda kv: -kv[1])),
-        "needs_imatrix": needs_imatrix,  # llama-quantize refuses to make this file without --imatrix
-        "_plan": plan,
-    }
+
+class _Entry(NamedTuple):
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: str
+    n_bytes: int
+    n_elements: int
+    layer: int | None
 
 
 @click.command("gguf-plan")
@@ -127,33 +110,25 @@ def gguf_plan(source, quant, all_tensors, as_json):
 
     SOURCE: a catalog id, a .gguf file, a Hugging Face folder or config.json, or org/name in the local HF cache.
     """
-    spec = resolve_model(source)
-    if quant is None:
-        quants = [None] if spec.tensors is not None else [_quant("Q4_K_M")]
-    elif quant.strip().lower() == "all":
-        from ..quant.presets import presets
+    from ..api import plan
+    from ..models.resolve import resolve_model
 
-        quants = [_quant(p.name) for p in sorted(presets().values(), key=lambda p: p.ftype_id)]
-    else:
-        quants = [_quant(q.strip()) for q in quant.split(",") if q.strip()]
-        if not quants:
-            raise InvalidValueError(f"--quant {quant!r} names no preset; e.g. Q4_K_M, 'Q4_K_M,Q8_0' or all")
-    summaries, failed = [], []
-    for q in quants:
-        try:
-            summaries.append(_summary(spec, q))
-        except InferlabError as exc:
-            if len(quants) == 1:
-                raise
-            failed.append((str(q), str(exc)))
-    if quant is not None and quant.strip().lower() == "all":
-        summaries.sort(key=lambda s: -s["total_bytes"])  # a ladder, largest first
-    own = None
-    if spec.tensors is not None:
-        own = summaries[0] if quants == [None] else _summary(spec, None)
+    spec = resolve_model(source)
+    report = plan(spec, quant)
     if as_json:
-        echo_json(_json(spec, summaries, failed, own, with_tensors=len(summaries) == 1 or all_tensors))
+        d = report.to_dict()
+        if not (len(report.plans) == 1 or all_tensors):
+            for q in d["plans"]:
+                q.pop("tensors")
+        if not report.failed:
+            d.pop("failed")
+        echo_json(d)
         return
+    summaries = [_summary(q) for q in report.plans]
+    failed = [(f.quant, f.error) for f in report.failed]
+    own = None
+    if report.file_total_bytes is not None:
+        own = summaries[0] if quant is None else _summary(plan(spec, None).plans[0])
     from rich.console import Console
 
     console = Console()
@@ -162,26 +137,6 @@ def gguf_plan(source, quant, all_tensors, as_json):
         _one(console, summaries[0], all_tensors, spec.n_layers)
     else:
         _side_by_side(console, spec, summaries, failed, own, per_role=len(summaries) <= 6 or all_tensors)
-
-
-def _json(spec, summaries, failed, own, with_tensors: bool) -> dict:
-    def clean(s):
-        d = {k: v for k, v in s.items() if not k.startswith("_")}
-        if with_tensors:
-            d["tensors"] = [{"name": e.name, "shape": list(e.shape), "type": e.ggml_type, "n_bytes": e.n_bytes} for e in s["_plan"]]
-        return d
-
-    out = {
-        "model": spec.name,
-        "arch": spec.arch,
-        "source": spec.source,
-        "file_type": spec.file_type,
-        "file_total_bytes": own["total_bytes"] if own else None,
-        "plans": [clean(s) for s in summaries],
-    }
-    if failed:
-        out["failed"] = [{"quant": q, "error": e} for q, e in failed]
-    return out
 
 
 def _header(console, spec, own) -> None:

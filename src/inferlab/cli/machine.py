@@ -21,16 +21,11 @@ def _console():
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def machine(gpu: str | None, cpu: str | None, no_profile: bool, as_json: bool) -> None:
     """What is in this computer, and where each figure comes from (read, catalog, calibrated)."""
-    from dataclasses import asdict
+    from ..api import machine as machine_api
 
-    from ..hardware.detect import inspect_machine
-
-    d = inspect_machine(gpu=gpu, cpu=cpu, profile=not no_profile)
+    d = machine_api(gpu=gpu, cpu=cpu, profile=not no_profile)
     if as_json:
-        click.echo(json.dumps({"machine": asdict(d.machine), "cpu": asdict(d.cpu) if d.cpu else None,
-                               "gpus": [asdict(g) for g in d.gpus],
-                               "figures": [asdict(f) for f in d.figures], "probes": [asdict(p) for p in d.probes],
-                               "unmatched_gpus": list(d.unmatched_gpus)}, indent=1))
+        click.echo(d.to_json(indent=1))
         return
     from rich.table import Table
 
@@ -40,7 +35,7 @@ def machine(gpu: str | None, cpu: str | None, no_profile: bool, as_json: bool) -
     t.add_column("value")
     t.add_column("from")
     for f in d.figures:
-        style = {"read": "green", "calibrated": "cyan", "measured": "cyan", "catalog": "yellow"}.get(f.kind, "red")
+        style = {"read": "green", "calibrated": "cyan", "measured": "cyan", "catalog": "yellow"}.get(f.origin.split(":", 1)[0], "red")
         t.add_row(f.what, f.value, f"[{style}]{f.origin}[/]")
     con.print(t)
     failed = [p for p in d.probes if not p.ok]

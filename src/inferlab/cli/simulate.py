@@ -27,18 +27,6 @@ def _requests(workload, trace, limit, arrivals, rate, seed):
     return reqs
 
 
-def _managers(engines, capacity, model, machine, quant, opts):
-    from ..kv.pool import kv_pool_tokens
-    from ..kv.registry import ENGINES
-
-    out = {}
-    for e in engines:
-        cap = capacity if capacity is not None else kv_pool_tokens(e, model, machine, quant)
-        kw = {k: v for k, v in opts[e].items() if v is not None}
-        out[e] = ENGINES[e](capacity_tokens=cap, **kw)
-    return out
-
-
 def _fmt(v, unit=""):
     if v is None:
         return "-"
@@ -130,8 +118,8 @@ def plot_timeline(runs, path) -> None:
 @click.option("--model", help="Model (catalog id): the KV pool and step times come from the performance model.")
 @click.option("--on", "machine", help="Machine (catalog id) for --model.")
 @click.option("--quant", default="Q4_K_M", show_default=True)
-@click.option("--speed", "speed_name", type=click.Choice(["calibrated", "lesson"]), default="calibrated", show_default=True,
-              help="Speed model pricing the steps: fitted on llama-bench results, or the seed lesson's.")
+@click.option("--speed", "speed_name", type=click.Choice(["calibrated", "bandwidth-only", "lesson"]), default="calibrated", show_default=True,
+              help="Speed model pricing the steps: fitted on llama-bench results, or fixed efficiencies (the seed lesson's).")
 @click.option("--timed/--untimed", default=None,
               help="Price steps with the performance model (default: on with --model/--on).")
 @click.option("--np", "n_parallel", type=int, help="llama.cpp: slots (-np; default auto = 4, unified KV).")
@@ -153,19 +141,12 @@ def simulate(workload, trace, limit, arrivals, rate, seed, engines, capacity_tok
              max_num_seqs, vllm_version, page_size, schedule_policy, chunked_prefill_size, sglang_version,
              as_json, plot):
     """Serve a workload or trace with each engine's KV manager and scheduler; compare side by side."""
-    from ..kv.simulator import simulate as run_sim
-    from ..kv.time_model import TimeModel
+    from ..api import simulate as simulate_api
 
-    names = [e.strip() for e in engines.split(",") if e.strip()]
-    for e in names:
-        if e not in ENGINE_NAMES:
-            raise UnknownNameError("engine", e, ENGINE_NAMES)
-    if capacity_tokens is None and not (model and machine):
-        raise InvalidValueError("give --capacity-tokens N, or --model M --on MACHINE to size the KV pool")
     if (model is None) != (machine is None):
         raise InvalidValueError("--model and --on go together")
-    if timed and not (model and machine):
-        raise InvalidValueError("--timed needs --model and --on")
+    if capacity_tokens is None and not (model and machine):
+        raise InvalidValueError("give --capacity-tokens N, or --model M --on MACHINE to size the KV pool")
     reqs = _requests(workload, trace, limit, arrivals, rate, seed)
     opts = {
         "llamacpp": {"n_parallel": n_parallel, "kv_unified": kv_unified, "cache_ram_mib": cache_ram_mib,
@@ -175,29 +156,33 @@ def simulate(workload, trace, limit, arrivals, rate, seed, engines, capacity_tok
         "sglang": {"page_size": page_size, "schedule_policy": schedule_policy,
                    "chunked_prefill_size": chunked_prefill_size, "version": sglang_version},
     }
-    managers = _managers(names, capacity_tokens, model, machine, quant, opts)
-    time_model = None
-    if (timed is None and model) or timed:
-        time_model = TimeModel.from_perf_model(model, machine, quant, speed=speed_name)
-    runs = {}
-    for name, m in managers.items():
-        progress = None
-        if len(reqs) >= LONG_TRACE_REQUESTS:
-            def progress(done, total, now, _name=name, _t0=time.perf_counter()):
-                sys.stderr.write(f"\r{_name}: {done:,}/{total:,} requests, simulated {now:,.0f}, "
-                                 f"wall {time.perf_counter() - _t0:.1f} s")
-                if done == total:
-                    sys.stderr.write("\n")
-                sys.stderr.flush()
-        runs[name] = run_sim(reqs, m, time_model, progress=progress, record_timeline=plot is not None)
+    names = [e.strip() for e in engines.split(",") if e.strip()]
+    for e in names:
+        if e not in ENGINE_NAMES:
+            raise UnknownNameError("engine", e, ENGINE_NAMES)
+    progress = None
+    if len(reqs) >= LONG_TRACE_REQUESTS:
+        t0 = {}
+
+        def progress(name, done, total, now):
+            start = t0.setdefault(name, time.perf_counter())
+            sys.stderr.write(f"\r{name}: {done:,}/{total:,} requests, simulated {now:,.0f}, wall {time.perf_counter() - start:.1f} s")
+            if done == total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+    report = simulate_api(reqs, engines=names, capacity_tokens=capacity_tokens, model=model, machine=machine, quant=quant,
+                          speed=speed_name, timed=timed, engine_options={e: opts[e] for e in names},
+                          workload=workload or str(trace), record_timeline=plot is not None, progress=progress)
+    runs = {r.engine: r for r in report.runs}
     if plot:
-        plot_timeline(runs, plot)
+        plot_timeline({e: r._run for e, r in runs.items()}, plot)
     if as_json:
         from .common import echo_json
 
-        echo_json({name: {"config": r.config, "summary": r.summary} for name, r in runs.items()})
+        echo_json(report.to_dict())
         return
     src = workload or trace
-    _table(runs, f"{src}: {len(reqs):,} requests" + (f", {time_model.name}" if time_model else ", 1 step = 1 unit"))
+    tm = next((r.time_model for r in report.runs if r.time_model), None)
+    _table(runs, f"{src}: {len(reqs):,} requests" + (f", {tm}" if tm else ", 1 step = 1 unit"))
     if plot:
         click.echo(f"timeline written to {plot}")

@@ -1,4 +1,4 @@
-"""The KV pool an engine gets for a model on a machine, in tokens.
+"""The KV pool an engine gets for a model on a machine, in tokens, and the placement it runs with.
 
 Rules (documented assumptions; the engines size their pools at startup):
 * vLLM: ``gpu_memory_utilization`` (default 0.92) x GPU memory, minus the weights and the
@@ -9,37 +9,56 @@ Rules (documented assumptions; the engines size their pools at startup):
 * llama.cpp: the context ``-c`` the placement chose (``place(..., n_ctx=None)`` fits the context
   to the memory left, llama.cpp's ``--fit``); every slot shares it (unified KV).
 GPU memory is the catalog's ``memory_gb`` x 10^9 bytes, as the placement counts it.
+
+``engine_placement`` is the one placement a simulated engine runs with: its KV pool is read off it
+and its step times are priced on it (``TimeModel.from_placement``), so the two always agree.
 """
 
 from __future__ import annotations
 
-from ..errors import DoesNotFitError, UnknownNameError
+from ..errors import DoesNotFitError
+from ..hardware.resolve import resolve_machine
+from ..models.resolve import resolve_model
+from ..perf.kv_size import kv_bytes_per_token
+from ..perf.placement import Placement, place
+from ..quant.plan import weight_bytes
+from .registry import ENGINES, manager_class
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vllm EngineArgs default
 SGLANG_MEM_FRACTION_STATIC = 0.88  # assumption, see module docstring
-ENGINES = ("llamacpp", "vllm", "sglang")
+VLLM_PROFILE_CTX = 4096  # the context whose compute buffer stands for vLLM's activation peak
+
+
+def engine_placement(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: str = "f16") -> Placement:
+    """Where ``engine`` keeps ``model`` on ``machine`` (llama.cpp's layer order): llama.cpp with
+    ``--fit`` (context and -ngl chosen to fit, possibly a partial offload); vLLM and SGLang hold
+    every layer on the GPU (they do not offload layers to the CPU)."""
+    manager_class(engine)  # unknown engines raise UnknownNameError
+    model, machine = resolve_model(model), resolve_machine(machine)
+    if engine == "llamacpp":
+        p = place(model, machine, quant, None, kv_type=kv_type)  # llama.cpp's own order and --fit
+    else:
+        if machine.cpu_only:
+            raise DoesNotFitError(f"{engine} needs a GPU; {machine.name} has none (llama.cpp runs on CPUs)")
+        p = place(model, machine, quant, VLLM_PROFILE_CTX, kv_type=kv_type, n_gpu_layers=model.n_layers + 1)
+    if engine == "llamacpp" and not p.fits:
+        raise DoesNotFitError(f"{model.name} {quant} does not fit on {machine.name}: {p.reason}")
+    return p
 
 
 def kv_pool_tokens(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: str = "f16", *,
                    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
-                   mem_fraction_static: float = SGLANG_MEM_FRACTION_STATIC) -> int:
-    """KV pool in tokens for ``engine`` serving ``model`` (catalog name or spec) on ``machine``."""
-    from .. import perf_model as pm
-    from ..perf.placement import place
-
-    if engine not in ENGINES:
-        raise UnknownNameError("engine", engine, ENGINES)
-    model, machine = resolve_model_machine(model, machine)
+                   mem_fraction_static: float = SGLANG_MEM_FRACTION_STATIC, placement: Placement | None = None) -> int:
+    """KV pool in tokens for ``engine`` serving ``model`` (catalog name or spec) on ``machine``
+    (read off ``placement`` when given: the one from ``engine_placement``)."""
+    model, machine = resolve_model(model), resolve_machine(machine)
+    p = placement if placement is not None else engine_placement(engine, model, machine, quant, kv_type)
     if engine == "llamacpp":
-        p = place(model, machine, quant, None, kv_type=kv_type)  # llama.cpp's own order and --fit
-        if not p.fits:
-            raise DoesNotFitError(f"{model.name} {quant} does not fit on {machine.name}: {p.reason}")
         return int(p.n_ctx)
     gpu_bytes = machine.gpu.memory_gb * 1e9
-    weights = pm.weight_bytes(model, quant)["total"]
-    per_token = pm.kv_bytes_per_token(model, kv_type)
+    weights = weight_bytes(model, p.scheme if p.scheme is not None else quant)["total"]
+    per_token = kv_bytes_per_token(model, kv_type)
     if engine == "vllm":
-        p = place(model, machine, quant, 4096, kv_type=kv_type)
         activations = sum(d.compute_bytes for d in p.devices if d.kind == "gpu")
         free = gpu_memory_utilization * gpu_bytes - weights - activations
     else:
@@ -50,10 +69,4 @@ def kv_pool_tokens(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: 
     return int(free // per_token)
 
 
-def resolve_model_machine(model, machine):
-    """A catalog model and machine by name (unknown names raise UnknownNameError with the closest
-    ones), or the objects as given. Machines come from the vendor-figure catalog."""
-    from ..hardware.catalog import MACHINES
-    from ..models.catalog import MODELS
-
-    return (MODELS[model] if isinstance(model, str) else model), (MACHINES[machine] if isinstance(machine, str) else machine)
+__all__ = ["ENGINES", "engine_placement", "kv_pool_tokens", "VLLM_GPU_MEMORY_UTILIZATION", "SGLANG_MEM_FRACTION_STATIC"]

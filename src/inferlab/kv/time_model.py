@@ -2,9 +2,9 @@
 
 A :class:`TimeModel` wraps a per-step cost function ``cost(prefill_tokens, decode_batch,
 context_tokens) -> seconds``; the simulator calls :meth:`TimeModel.step_time` once per step.
-:meth:`TimeModel.from_perf_model` builds the cost from ``inferlab.perf_model`` (a model on a
-machine): a step costs the prefill of its prompt tokens plus one decode step of its decode batch
-at the batch's mean context.
+:meth:`TimeModel.from_placement` builds the cost from the performance model on one placement
+(``from_perf_model`` places a model on a machine first): a step costs the prefill of its prompt
+tokens plus one decode step of its decode batch at the batch's mean context.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ..errors import InvalidValueError, MissingDependencyError
+from ..errors import InvalidValueError
 
 StepCost = Callable[[int, int, int], float]
 CONTEXT_BUCKET_TOKENS = 256  # perf-model step costs are memoised per 256-token context bucket
@@ -53,35 +53,27 @@ class TimeModel:
         return cls(cost, name="linear")
 
     @classmethod
-    def from_perf_model(cls, model: Any, machine: Any, quant: str = "Q4_K_M", *, kv_type: str = "f16",
-                        n_ctx: int = 8192, n_gpu_layers: int | None = None, speed: Any = "calibrated") -> TimeModel:
-        """Step costs from ``inferlab.perf_model``: prefill_time + decode_step_time (batched).
+    def from_placement(cls, placement: Any, machine: Any, speed: Any = "calibrated") -> TimeModel:
+        """Step costs on one placement: ``prefill_time`` + batched ``decode_step_time``.
 
-        ``model``/``machine`` are catalog names (``"llama-3.1-8b"``, ``"rtx4090"``) or objects.
-        ``speed``: ``"calibrated"`` (fitted on published llama-bench results, as ``inferlab fit``
-        reports), ``"lesson"`` (the seed's η = 0.7 model) or a ``SpeedModel``.
         A mixed step is priced as its prefill plus one decode step at the decode sequences' mean
         context (``context_tokens / sequences``), which counts the weight read twice; costs are
-        memoised per 256-token context bucket.
+        memoised per 256-token context bucket. ``speed``: "calibrated" (fitted on published
+        llama-bench results, as ``inferlab fit`` reports), "bandwidth-only" (fixed efficiencies)
+        or a ``SpeedModel``.
         """
-        try:
-            from .. import perf_model as pm
-        except ImportError as exc:  # the lead's module; absent in early checkouts
-            raise MissingDependencyError("inferlab.perf_model", "a time model from the performance model") from exc
         from ..perf.calibration import speed_model
-        from .pool import resolve_model_machine
+        from ..perf.speed import decode_step_time, prefill_time
 
-        speed = speed_model(speed)
-        model, machine = resolve_model_machine(model, machine)
-        placement = pm.place(model, machine, quant, n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers)
+        sm = speed_model(speed)
 
         @lru_cache(maxsize=65536)
         def prefill_s(p: int) -> float:
-            return pm.prefill_time(placement, machine, p, speed)["total_s"]
+            return prefill_time(placement, machine, p, sm)["total_s"]
 
         @lru_cache(maxsize=65536)
         def decode_s(b: int, ctx_bucket: int) -> float:
-            return pm.decode_step_time(placement, machine, ctx_bucket, batch=b, model=speed)["total_s"]
+            return decode_step_time(placement, machine, ctx_bucket, batch=b, model=sm)["total_s"]
 
         def cost(p: int, b: int, c: int) -> float:
             s = prefill_s(p) if p else 0.0
@@ -91,4 +83,20 @@ class TimeModel:
                 s += decode_s(b, bucket)
             return s
 
-        return cls(cost, name=f"perf_model:{getattr(model, 'name', model)}@{getattr(machine, 'name', machine)} ({speed.name})")
+        return cls(cost, name=f"{placement.model.name}@{machine.name}, -ngl {placement.n_gpu_layers} ({sm.name})")
+
+    @classmethod
+    def from_perf_model(cls, model: Any, machine: Any, quant: str = "Q4_K_M", *, kv_type: str = "f16",
+                        n_ctx: int = 8192, n_gpu_layers: int | None = None, speed: Any = "calibrated") -> TimeModel:
+        """Step costs of ``model`` on ``machine`` placed as llama.cpp places it (its layer order,
+        ``--fit`` unless ``n_gpu_layers`` is given); see :meth:`from_placement`.
+
+        ``model``/``machine`` are catalog names (``"llama-3.1-8b"``, ``"rtx4090"``) or objects.
+        """
+        from ..hardware.resolve import resolve_machine
+        from ..models.resolve import resolve_model
+        from ..perf.placement import place
+
+        model, machine = resolve_model(model), resolve_machine(machine)
+        placement = place(model, machine, quant, n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers)
+        return cls.from_placement(placement, machine, speed)

@@ -1,0 +1,17 @@
+"""The service layer: one function per question a user asks, each returning a frozen, typed report.
+
+``fit`` (placement, memory, speed, bottleneck), ``plan`` (the file llama-quantize would write),
+``simulate`` (the engines' KV managers on a workload), ``machine`` (this computer, detected). The
+CLI and the web app parse their inputs, call these, and render the reports; ``Report.to_dict()``
+is their JSON. ``configure`` resolves one configuration for every question built on a placement.
+"""
+
+from .fit import FitReport, fit
+from .machine import MachineReport, machine
+from .plan import PlanReport, plan
+from .report import SCHEMA_VERSION, Figure, Report
+from .setup import Setup, configure
+from .simulate import SimReport, simulate
+
+__all__ = ["SCHEMA_VERSION", "Figure", "FitReport", "MachineReport", "PlanReport", "Report", "Setup", "SimReport",
+           "configure", "fit", "machine", "plan", "simulate"]

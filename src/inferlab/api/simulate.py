@@ -1,0 +1,119 @@
+"""``simulate(...) -> SimReport``: one workload through the engines' KV managers and schedulers.
+
+Each engine serves the same requests with its own rules (llama.cpp's slots, vLLM's paged blocks,
+SGLang's radix tree). The KV pool is either given in tokens (every engine the same) or sized from a
+model on a machine; then each engine's pool and its step times come from one placement
+(``kv.pool.engine_placement``), and steps last seconds instead of one unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidValueError
+from ..kv.registry import ENGINES, manager_class
+from ..kv.simulator import Request, Run
+from .report import Report
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    engine: str
+    capacity_tokens: int
+    pool: str  # how the pool was sized ("given", or the engine's rule on the placement)
+    n_gpu_layers: int | None  # of the placement the steps are priced on (timed runs)
+    time_model: str | None
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    _run: Run | None = None  # the simulator's full result (records, timeline): not in to_dict()
+
+
+@dataclass(frozen=True)
+class SimReport(Report):
+    workload: str
+    n_requests: int
+    prompt_tokens: int
+    time_unit: str  # "s" (priced by the speed model) or "step"
+    model: str | None
+    machine: str | None
+    runs: tuple[EngineRun, ...]
+
+    def run(self, engine: str) -> EngineRun:
+        for r in self.runs:
+            if r.engine == engine:
+                return r
+        raise InvalidValueError(f"no run for engine {engine!r}; this report has {', '.join(r.engine for r in self.runs)}")
+
+
+def _engines(engines: str | Iterable[str]) -> list[str]:
+    names = [e.strip() for e in engines.split(",")] if isinstance(engines, str) else list(engines)
+    names = [e for e in names if e]
+    if not names:
+        raise InvalidValueError(f"name at least one engine, from {', '.join(ENGINES)}")
+    for e in names:
+        manager_class(e)  # UnknownNameError with the valid names
+    if len(set(names)) != len(names):
+        raise InvalidValueError(f"engines named twice: {names}")
+    return names
+
+
+def simulate(requests: Iterable[Request], *, engines: str | Iterable[str] = ("llamacpp", "vllm", "sglang"),
+             capacity_tokens: int | None = None, model: Any = None, machine: Any = None, quant: str = "Q4_K_M",
+             kv_type: str = "f16", speed: Any = "calibrated", timed: bool | None = None,
+             engine_options: Mapping[str, Mapping[str, Any]] | None = None, workload: str = "",
+             record_timeline: bool = False, progress: Callable[[str, int, int, float], None] | None = None) -> SimReport:
+    """Serve ``requests`` with each engine and report its summary.
+
+    ``capacity_tokens``: the KV pool of every engine, in tokens; or ``model`` and ``machine``
+    (names or objects): each engine's pool by its own rule (kv.pool) on the placement it runs with,
+    and (``timed``, default on with a model) its step times priced on that same placement.
+    ``engine_options``: per engine, keyword options of its manager (``{"vllm": {"block_size": 32}}``).
+    """
+    from ..errors import check_positive
+    from ..kv.pool import engine_placement, kv_pool_tokens
+    from ..kv.simulator import simulate as run_sim
+    from ..kv.time_model import TimeModel
+
+    names = _engines(engines)
+    reqs = list(requests)
+    if not reqs:
+        raise InvalidValueError("simulate needs at least one request")
+    if capacity_tokens is not None:
+        check_positive("capacity_tokens", capacity_tokens)
+        if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int):
+            raise InvalidValueError(f"capacity_tokens must be an integer number of tokens, got {capacity_tokens!r}")
+    if capacity_tokens is None and (model is None or machine is None):
+        raise InvalidValueError("give capacity_tokens, or a model and a machine to size the KV pool")
+    if (model is None) != (machine is None):
+        raise InvalidValueError("model and machine go together")
+    if timed and model is None:
+        raise InvalidValueError("timed runs need a model and a machine")
+    timed = bool(model is not None) if timed is None else timed
+    opts = {e: dict((engine_options or {}).get(e, {})) for e in names}
+    unknown = set(engine_options or {}) - set(names)
+    if unknown:
+        raise InvalidValueError(f"options given for engines not simulated: {sorted(unknown)}")
+    runs = []
+    spec_name = machine_name = None
+    for e in names:
+        placement = None
+        if model is not None:
+            from ..hardware.resolve import resolve_machine
+            from ..models.resolve import resolve_model
+
+            spec, mc = resolve_model(model), resolve_machine(machine)
+            spec_name, machine_name = spec.name, mc.name
+            placement = engine_placement(e, spec, mc, quant, kv_type)
+        cap = capacity_tokens if capacity_tokens is not None else kv_pool_tokens(e, spec, mc, quant, kv_type, placement=placement)
+        tm = TimeModel.from_placement(placement, mc, speed) if timed and placement is not None else None
+        manager = manager_class(e)(capacity_tokens=cap, **{k: v for k, v in opts[e].items() if v is not None})
+        cb = (lambda done, total, now, _e=e: progress(_e, done, total, now)) if progress else None
+        run = run_sim(reqs, manager, tm, progress=cb, record_timeline=record_timeline)
+        runs.append(EngineRun(e, cap, "given" if capacity_tokens is not None else f"{e}'s rule on its placement (kv.pool)",
+                              placement.n_gpu_layers if placement is not None else None, tm.name if tm else None,
+                              dict(run.config), dict(run.summary), run))
+    return SimReport(workload=workload, n_requests=len(reqs), prompt_tokens=sum(len(r.prompt) for r in reqs),
+                     time_unit="s" if any(r.time_model for r in runs) else "step", model=spec_name, machine=machine_name,
+                     runs=tuple(runs))
