@@ -111,28 +111,17 @@ def test_bad_options():
         PagedManager(capacity_tokens=-5)
 
 
+def per_block(m):
+    """The manager with vLLM's ``free`` block by block, tail first (BlockPool.free_blocks_one_by_one:
+    0.11 appends every freed block, 0.33 pushes unhashed blocks to the head), the plain path
+    BlockPool.free_blocks' bulk slices must agree with."""
+    m.kv.pool.free_blocks = m.kv.pool.free_blocks_one_by_one
+    return m
+
+
 @pytest.mark.slow
-def per_block_free(self, seq):
-    """vLLM's ``free`` block by block, tail first: 0.11 appends every freed block, 0.33 pushes
-    unhashed blocks to the head (the reference for PagedManager._free_seq's bulk paths)."""
-    keys = self._keys(seq)
-    for i in reversed(range(len(seq.blocks))):
-        b = seq.blocks[i]
-        self.ref[b] -= 1
-        self.num_extra_refs -= self.ref[b] > 0  # another request still holds it
-        if self.ref[b] == 0:
-            hashed = i < seq.num_cached_blocks  # hits, then the blocks it registered
-            if not hashed and self.version == "0.33":
-                self.free.prepend_n([b])
-            else:
-                self.free.append_n([b], [keys[i] if hashed else None])
-                self.num_hashed_free += hashed
-    seq.blocks = []
-    seq.num_cached_blocks = 0
-
-
 def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
-    # _free_seq frees in bulk; this reference frees block by block, tail first: 0.11 appends
+    # BlockPool.free_blocks frees in bulk; this reference frees block by block, tail first: 0.11 appends
     # every freed block, 0.33 pushes unhashed blocks to the head. Same records under eviction.
     from inferlab.kv.traces import load_mooncake
 
@@ -143,8 +132,7 @@ def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
     reqs = load_mooncake(trace, limit=120)
     for version in ("0.33", "0.11"):
         bulk = simulate(reqs, PagedManager(capacity_tokens=40000, version=version), record_timeline=False)
-        m = PagedManager(capacity_tokens=40000, version=version)
-        m._free_seq = per_block_free.__get__(m)
+        m = per_block(PagedManager(capacity_tokens=40000, version=version))
         ref = simulate(reqs, m, record_timeline=False, check_invariants=True)
         assert bulk.requests == ref.requests
         assert bulk.summary["preemptions"] > 0  # the pool was tight enough to evict and preempt
@@ -152,7 +140,7 @@ def test_bulk_free_matches_the_per_block_rule_on_a_mooncake_slice():
 
 def test_bulk_free_matches_the_per_block_rule_with_sharing_elsewhere():
     # Prompts drawn from a few shared stems, chunked by a tiny budget: requests are often freed
-    # while other requests share blocks outside the freed one's table, so _free_seq's prefix
+    # while other requests share blocks outside the freed one's table, so free_blocks' prefix
     # shortcut does not apply (about a third of the frees) and it reads every count; the result
     # must equal vLLM's block-by-block free.
     import random
@@ -168,8 +156,7 @@ def test_bulk_free_matches_the_per_block_rule_with_sharing_elsewhere():
             kw = dict(capacity_tokens=rng.choice((96, 160, 400)), block_size=4, max_num_batched_tokens=6,
                       version=version)
             bulk = simulate(reqs, PagedManager(**kw), check_invariants=True, record_timeline=False)
-            m = PagedManager(**kw)
-            m._free_seq = per_block_free.__get__(m)
+            m = per_block(PagedManager(**kw))
             ref = simulate(reqs, m, check_invariants=True, record_timeline=False)
             assert bulk.requests == ref.requests
 
@@ -177,38 +164,37 @@ def test_bulk_free_matches_the_per_block_rule_with_sharing_elsewhere():
 def test_free_keeps_shared_blocks_that_are_not_a_prefix():
     # No de-duplication: "a" and "a2" compute the same 3 blocks; with the map pointing at a2's
     # first block and a's second, "b" hits [a2[0], a[1]]. Freeing "a" must keep a[1] (b holds
-    # it) although a[0] is not shared: _free_seq's prefix shortcut does not apply, and the
+    # it) although a[0] is not shared: free_blocks' prefix shortcut does not apply, and the
     # result must be vLLM's block-by-block free.
-    from inferlab.kv.simulator import Seq
+    from inferlab.kv.vllm import VllmRequest
 
-    def build(per_block):
+    def build(one_by_one):
         m = PagedManager(capacity_tokens=64 * 16)
-        if per_block:
-            m._free_seq = per_block_free.__get__(m)
-        a, a2, b = (Seq(Request(n, 0, ids(0, 48), 4), k) for k, n in enumerate(("a", "a2", "b")))
+        if one_by_one:
+            per_block(m)
+        kv, pool = m.kv, m.kv.pool
+        a, a2, b = (VllmRequest(Request(n, 0, ids(0, 48), 4), k) for k, n in enumerate(("a", "a2", "b")))
         for s in (a, a2):
-            s.blocks, s.num_cached_blocks = [], 0
-            assert m._allocate(s, 48, admitting=True)
+            assert kv.allocate_slots(s, 48, admitting=True)
             s.num_computed = 48
-        k0 = m._keys(a)[0]
-        assert m.cached[k0] == a.blocks[0] and m.dups[k0] == [a2.blocks[0]]
-        m.cached[k0], m.dups[k0] = a2.blocks[0], [a.blocks[0]]  # a2's copy registered first
-        b.blocks, b.num_cached_blocks = [], 0
-        assert m._lookup(b) == [a2.blocks[0], a.blocks[1]]  # 47 // 16 = 2 blocks looked up
-        assert m._allocate(b, 16, m._lookup(b), admitting=True)
+        k0 = kv.block_hashes(a)[0]
+        assert pool.cached[k0] == a.blocks[0] and pool.dups[k0] == [a2.blocks[0]]
+        pool.cached[k0], pool.dups[k0] = a2.blocks[0], [a.blocks[0]]  # a2's copy registered first
+        assert kv.get_computed_blocks(b) == [a2.blocks[0], a.blocks[1]]  # 47 // 16 = 2 blocks looked up
+        assert kv.allocate_slots(b, 16, kv.get_computed_blocks(b), admitting=True)
         b.num_computed = 48
         m.running = [a, a2, b]
         m.check_invariants()
         held = a.blocks[1]
-        m._free_seq(a)
+        kv.free(a)
         m.running.remove(a)
         m.check_invariants()
         return m, held
 
     bulk, held = build(False)
     ref, _ = build(True)
-    assert bulk.ref[held] == 1 and held not in bulk.free_queue()
-    assert bulk.free.items() == ref.free.items() and bulk.ref == ref.ref
+    assert bulk.kv.pool.ref[held] == 1 and held not in bulk.free_queue()
+    assert bulk.kv.pool.free.items() == ref.kv.pool.free.items() and bulk.kv.pool.ref == ref.kv.pool.ref
 
 
 def test_free_block_queue_matches_a_plain_list_under_random_operations():
@@ -217,7 +203,7 @@ def test_free_block_queue_matches_a_plain_list_under_random_operations():
     # at the front, remove from anywhere. A tiny COMPACT_AT exercises the rebuild paths.
     import random
 
-    from inferlab.kv.paged import FreeBlockQueue
+    from inferlab.kv.vllm.block_pool import FreeBlockQueue
 
     class Small(FreeBlockQueue):
         __slots__ = ()
@@ -262,3 +248,29 @@ def test_free_block_queue_matches_a_plain_list_under_random_operations():
                 held += touched
             assert q.items() == ref
             assert len(q) == len(ref)
+
+
+def test_memoised_lookup_equals_the_plain_lookup_on_a_mooncake_slice():
+    # get_computed_blocks memoises a head-of-line request's lookup per hash-map epoch; every
+    # call must return what find_hits (the plain walk over the hash map) returns at that moment,
+    # under eviction (a tight pool) and for both versions.
+    from inferlab.kv.traces import load_mooncake
+
+    from _paths import CONVERSATION_TRACE as trace
+    if not trace.exists():
+        pytest.skip("traces not present")
+    reqs = load_mooncake(trace, limit=80)
+    for version in ("0.33", "0.11"):
+        m = PagedManager(capacity_tokens=30000, version=version)
+        kv, calls = m.kv, []
+        memoised = kv.get_computed_blocks
+
+        def checked(req):
+            hits = memoised(req)
+            assert hits == kv.find_hits(req)
+            calls.append(req.lookup_memo is not None)
+            return hits
+
+        kv.get_computed_blocks = checked
+        run = simulate(reqs, m, record_timeline=False)
+        assert len(calls) > len(reqs) and run.summary["preemptions"] > 0  # retried lookups, under pressure

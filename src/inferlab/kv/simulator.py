@@ -136,6 +136,13 @@ class KVManager:
 
     engine = "abstract"
     hit_rate_name = "hit_rate"
+    request_type: type[Seq] = Seq  # the engine's per-request state: a Seq subclass declaring its fields
+    events: list | None = None  # a list while a run records per-step events (see events.py), else None
+
+    def set_events(self, events: list | None) -> None:
+        """Start (a list to append :mod:`~inferlab.kv.events` records to) or stop (None)
+        recording events."""
+        self.events = events
 
     def __init__(self, capacity_tokens: int):
         if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int) or capacity_tokens < 1:
@@ -372,7 +379,8 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
             raise InvalidValueError(f"duplicate request id {r.id!r}")
         ids.add(r.id)
 
-    seqs = [Seq(r, k) for k, r in enumerate(reqs)]
+    seq_type = manager.request_type
+    seqs = [seq_type(r, k) for k, r in enumerate(reqs)]
     n, nxt, done, steps = len(seqs), 0, 0, 0
     now = 0.0
     peak_conc = kv_peak = 0
