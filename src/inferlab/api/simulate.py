@@ -96,17 +96,18 @@ def simulate(requests: Iterable[Request], *, engines: str | Iterable[str] = ("ll
     if unknown:
         raise InvalidValueError(f"options given for engines not simulated: {sorted(unknown)}")
     runs = []
-    spec_name = machine_name = None
-    for e in names:
-        placement = None
-        if model is not None:
-            from ..hardware.resolve import resolve_machine
-            from ..models.resolve import resolve_model
+    spec = mc = None
+    if model is not None:
+        from ..hardware.resolve import resolve_machine
+        from ..models.resolve import resolve_model
 
-            spec, mc = resolve_model(model), resolve_machine(machine)
-            spec_name, machine_name = spec.name, mc.name
-            placement = engine_placement(e, spec, mc, quant, kv_type)
-        cap = capacity_tokens if capacity_tokens is not None else kv_pool_tokens(e, spec, mc, quant, kv_type, placement=placement)
+        spec, mc = resolve_model(model), resolve_machine(machine)
+    for e in names:
+        placement = engine_placement(e, spec, mc, quant, kv_type) if spec is not None else None
+        if capacity_tokens is not None:
+            cap = capacity_tokens
+        else:
+            cap = kv_pool_tokens(e, spec, mc, quant, kv_type, placement=placement)
         tm = TimeModel.from_placement(placement, mc, speed) if timed and placement is not None else None
         manager = manager_class(e)(capacity_tokens=cap, **{k: v for k, v in opts[e].items() if v is not None})
         cb = (lambda done, total, now, _e=e: progress(_e, done, total, now)) if progress else None
@@ -115,5 +116,6 @@ def simulate(requests: Iterable[Request], *, engines: str | Iterable[str] = ("ll
                               placement.n_gpu_layers if placement is not None else None, tm.name if tm else None,
                               dict(run.config), dict(run.summary), run))
     return SimReport(workload=workload, n_requests=len(reqs), prompt_tokens=sum(len(r.prompt) for r in reqs),
-                     time_unit="s" if any(r.time_model for r in runs) else "step", model=spec_name, machine=machine_name,
+                     time_unit="s" if any(r.time_model for r in runs) else "step",
+                     model=spec.name if spec else None, machine=mc.name if mc else None,
                      runs=tuple(runs))

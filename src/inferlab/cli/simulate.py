@@ -160,16 +160,16 @@ def simulate(workload, trace, limit, arrivals, rate, seed, engines, capacity_tok
     for e in names:
         if e not in ENGINE_NAMES:
             raise UnknownNameError("engine", e, ENGINE_NAMES)
-    progress = None
-    if len(reqs) >= LONG_TRACE_REQUESTS:
-        t0 = {}
+    t0: dict[str, float] = {}
 
-        def progress(name, done, total, now):
-            start = t0.setdefault(name, time.perf_counter())
-            sys.stderr.write(f"\r{name}: {done:,}/{total:,} requests, simulated {now:,.0f}, wall {time.perf_counter() - start:.1f} s")
-            if done == total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
+    def show_progress(name: str, done: int, total: int, now: float) -> None:
+        start = t0.setdefault(name, time.perf_counter())
+        sys.stderr.write(f"\r{name}: {done:,}/{total:,} requests, simulated {now:,.0f}, wall {time.perf_counter() - start:.1f} s")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    progress = show_progress if len(reqs) >= LONG_TRACE_REQUESTS else None
     report = simulate_api(reqs, engines=names, capacity_tokens=capacity_tokens, model=model, machine=machine, quant=quant,
                           speed=speed_name, timed=timed, engine_options={e: opts[e] for e in names},
                           workload=workload or str(trace), record_timeline=plot is not None, progress=progress)

@@ -28,12 +28,12 @@ def _data() -> dict:
 
 
 @cache
-def load_devices() -> Catalog:
+def load_devices() -> Catalog[Device]:
     return Catalog("device", {e["id"]: _device(e) for e in _data()["devices"]})
 
 
 @cache
-def load_hosts() -> Catalog:
+def load_hosts() -> Catalog[Device]:
     return Catalog("host memory preset", {e["id"]: _device(e) for e in _data()["hosts"]})
 
 
@@ -44,7 +44,7 @@ def apple_host(gpu: Device) -> Device:
 
 
 @cache
-def load_machines(lesson: bool = False) -> Catalog:
+def load_machines(lesson: bool = False) -> Catalog[Machine]:
     """All catalog machines. lesson=True applies the seed lesson's own approximations where it
     used figures other than the vendor's (entries with a "lesson" block in devices.json)."""
     hosts = load_hosts()

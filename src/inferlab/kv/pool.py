@@ -16,6 +16,8 @@ and its step times are priced on it (``TimeModel.from_placement``), so the two a
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import DoesNotFitError
 from ..hardware.resolve import resolve_machine
 from ..models.resolve import resolve_model
@@ -29,7 +31,7 @@ SGLANG_MEM_FRACTION_STATIC = 0.88  # assumption, see module docstring
 VLLM_PROFILE_CTX = 4096  # the context whose compute buffer stands for vLLM's activation peak
 
 
-def engine_placement(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: str = "f16") -> Placement:
+def engine_placement(engine: str, model, machine, quant: Any = "Q4_K_M", kv_type: str = "f16") -> Placement:
     """Where ``engine`` keeps ``model`` on ``machine`` (llama.cpp's layer order): llama.cpp with
     ``--fit`` (context and -ngl chosen to fit, possibly a partial offload); vLLM and SGLang hold
     every layer on the GPU (they do not offload layers to the CPU)."""
@@ -46,7 +48,7 @@ def engine_placement(engine: str, model, machine, quant: str = "Q4_K_M", kv_type
     return p
 
 
-def kv_pool_tokens(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: str = "f16", *,
+def kv_pool_tokens(engine: str, model, machine, quant: Any = "Q4_K_M", kv_type: str = "f16", *,
                    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
                    mem_fraction_static: float = SGLANG_MEM_FRACTION_STATIC, placement: Placement | None = None) -> int:
     """KV pool in tokens for ``engine`` serving ``model`` (catalog name or spec) on ``machine``
@@ -55,6 +57,8 @@ def kv_pool_tokens(engine: str, model, machine, quant: str = "Q4_K_M", kv_type: 
     p = placement if placement is not None else engine_placement(engine, model, machine, quant, kv_type)
     if engine == "llamacpp":
         return int(p.n_ctx)
+    if machine.gpu is None:
+        raise DoesNotFitError(f"{engine} needs a GPU; {machine.name} has none (llama.cpp runs on CPUs)")
     gpu_bytes = machine.gpu.memory_gb * 1e9
     weights = weight_bytes(model, p.scheme if p.scheme is not None else quant)["total"]
     per_token = kv_bytes_per_token(model, kv_type)

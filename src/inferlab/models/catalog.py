@@ -6,19 +6,23 @@ import json
 from collections.abc import Iterator, Mapping
 from functools import cache
 from importlib import resources
+from typing import Generic, TypeVar
 
 from ..errors import UnknownNameError
 from .hf_config import model_from_hf_config
 from .spec import ModelSpec
 
 
-class Catalog(Mapping[str, ModelSpec]):
-    """A read-only mapping id -> ModelSpec whose unknown keys raise UnknownNameError with suggestions."""
+T = TypeVar("T")
 
-    def __init__(self, kind: str, items: dict):
+
+class Catalog(Mapping[str, T], Generic[T]):
+    """A read-only mapping id -> entry (ModelSpec, Machine...) whose unknown keys raise UnknownNameError with suggestions."""
+
+    def __init__(self, kind: str, items: dict[str, T]):
         self._kind, self._items = kind, items
 
-    def __getitem__(self, key: str):
+    def __getitem__(self, key: str) -> T:
         try:
             return self._items[key]
         except KeyError:
@@ -35,7 +39,7 @@ class Catalog(Mapping[str, ModelSpec]):
 
 
 @cache
-def load_models() -> Catalog:
+def load_models() -> Catalog[ModelSpec]:
     data = json.loads(resources.files("inferlab.data").joinpath("models.json").read_text())
     items = {
         e["id"]: model_from_hf_config({**e["config"], "_name_or_path": e["hf_id"]}, name=e["name"], source=e["source"])

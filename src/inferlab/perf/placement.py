@@ -22,7 +22,7 @@ from ..hardware.device import Device, Machine
 from .kv_size import kv_bytes_per_value, swa_cache_tokens
 from ..models.spec import ModelSpec
 from ..models.inventory import block_roles, global_tensors
-from ..quant.plan import layer_bytes, plan_memo, resolve_quant, tensor_plan
+from ..quant.plan import Preset, PureType, layer_bytes, plan_memo, resolve_quant, tensor_plan
 
 MiB = 2**20
 GB = 1e9
@@ -192,7 +192,7 @@ class Placement(NamedTuple):
     ctx_reduced: bool = False  # --fit shrank an unset context
     unified: bool = False
     notes: tuple[str, ...] = ()
-    scheme: object = None  # the resolved quant (Preset or PureType); None: the file's own tensors
+    scheme: Preset | PureType | None = None  # the resolved quant (Preset or PureType); None: the file's own tensors
 
     @property
     def cpu(self) -> DeviceUse:
@@ -272,9 +272,9 @@ def _split_counts(shares: list[float], n: int) -> list[int]:
 
 
 def place(
-    model: ModelSpec,
-    machine: Machine,
-    quant="Q4_K_M",
+    model: ModelSpec | str,
+    machine: Machine | str,
+    quant: str | Preset | PureType | None = "Q4_K_M",
     n_ctx: int | None = None,
     kv_type: str = "f16",
     n_gpu_layers: int | None = None,

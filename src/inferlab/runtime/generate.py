@@ -1,8 +1,10 @@
 """Autoregressive generation, naive (recompute the whole sequence every step) or cached
 (prefill once, then one token per step against a KV cache), greedy or sampled.
 
-Works with any model exposing `forward(tokens, cache, all_logits=False)`, `new_cache(spec, batch,
-capacity)`, `n_ctx`, `device` and `config.vocab_size` (LlamaModel, and SmallTransformer's adapter).
+Works with any model exposing `step(tokens, cache=None, *, all_logits=False)` (logits of the last
+position, or of every position; without a cache the whole sequence is recomputed),
+`new_cache(spec, batch, capacity)`, `n_ctx`, `device` and `config.vocab_size` (LlamaModel, whose
+`step` is its `forward`, and SmallTransformer's adapter).
 """
 
 from __future__ import annotations
