@@ -36,6 +36,7 @@ class Admit(Event):
 
     kind: ClassVar[str] = "admit"
     request: Any
+    num_tokens: int  # prompt plus tokens generated so far (more than the prompt when resumed)
     cached_tokens: int
     scheduled_tokens: int
     resumed: bool  # re-admitted after a preemption / retraction
@@ -68,7 +69,8 @@ class Allocate(Event):
 @dataclass(frozen=True, slots=True)
 class Cache(Event):
     """Content becomes shareable: vLLM registers full blocks' hashes in the hash map; SGLang
-    inserts ``tokens`` tokens into the tree, ending at ``node`` (``new_tokens`` were not there)."""
+    inserts ``tokens`` tokens into the tree, ending at ``node`` (``new_tokens`` were not there;
+    ``from_request`` of the request's private cells pass to the tree or, duplicates, are freed)."""
 
     kind: ClassVar[str] = "cache"
     request: Any
@@ -76,6 +78,7 @@ class Cache(Event):
     hashes: tuple[int, ...] = ()
     tokens: int = 0
     new_tokens: int = 0
+    from_request: int = 0
     node: int | None = None
 
 

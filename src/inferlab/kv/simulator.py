@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InferlabError, InvalidValueError
+from .events import Finish, FirstToken, Reject, StepEvents
 from .tokens import RunTokens, concat, generated_output, to_runs
 
 
@@ -254,16 +255,18 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class Run:
-    """One simulation: ``summary`` (dict), ``requests`` (records), ``timeline`` (dict of lists)."""
+    """One simulation: ``summary`` (dict), ``requests`` (records), ``timeline`` (dict of lists),
+    ``events`` (one :class:`~inferlab.kv.events.StepEvents` per step, with record_events)."""
 
     engine: str
     config: dict[str, Any]
     summary: dict[str, Any]
     requests: tuple[RequestRecord, ...]
     timeline: dict[str, Sequence[float]]
+    events: tuple[StepEvents, ...] | None = None
 
     def __getitem__(self, key: str):  # the seed reads run["summary"]
-        if key not in ("engine", "config", "summary", "requests", "timeline"):
+        if key not in ("engine", "config", "summary", "requests", "timeline", "events"):
             raise KeyError(key)
         return getattr(self, key)
 
@@ -354,7 +357,7 @@ def _summarize(manager: KVManager, records: Sequence[RequestRecord], *, duration
 
 def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *,
              check_invariants: bool = False, record_timeline: bool = True, fast_forward: bool = True,
-             progress: Callable[[int, int, float], None] | None = None) -> Run:
+             record_events: bool = False, progress: Callable[[int, int, float], None] | None = None) -> Run:
     """Serve ``requests`` (sorted by arrival) with ``manager``; return the :class:`Run`.
 
     ``time_model`` (see time_model.py) prices each step; without one a step lasts 1.0.
@@ -363,6 +366,9 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
     ``fast_forward`` lets stretches of pure decode steps (nothing arrives, finishes, is admitted
     or evicted) be applied at once; the result is the same as stepping one by one (tests
     compare both), it only saves time on long traces.
+    ``record_events`` returns ``Run.events``: per step, what the manager did (admissions,
+    allocations, prefix hits, cache registrations, evictions, preemptions, frees, first tokens,
+    finishes; see events.py). It steps one by one (no fast-forward); results are the same.
     """
     reqs = list(requests)
     if not reqs:
@@ -388,6 +394,12 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
     prefill_total = 0
     tl_t, tl_used, tl_cached, tl_run, tl_wait = (array("d") for _ in range(5))
     idle_steps = 0
+    buf: list | None = None
+    step_events: list[StepEvents] = []
+    if record_events:
+        buf = []
+        fast_forward = False
+        manager.set_events(buf)
 
     def observe(t: float) -> tuple[int, int]:
         """KV in use and cached after a step (or a fast-forwarded stretch) ending at ``t``; one
@@ -409,6 +421,8 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
             if reason is not None:
                 s.rejected, s.finish_s = reason, now
                 done += 1
+                if buf is not None:
+                    buf.append(Reject(s.req.id, reason))
         if manager.num_running + manager.num_waiting == 0:
             if nxt < n:
                 now = max(now, seqs[nxt].req.arrival_s)
@@ -443,11 +457,19 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
         for s in st.rejected:  # rejected during scheduling (e.g. context exceeded): time of the step
             s.finish_s = now
         done += len(st.rejected)
+        if buf is not None:
+            buf.extend(Reject(s.req.id, s.rejected or "") for s in st.rejected)
+            buf.extend(FirstToken(s.req.id) for s in st.first_token)
+            buf.extend(Finish(s.req.id, s.num_output, s.truncated) for s in st.finished)
         if st.prefill_tokens + st.decode_tokens == 0:
             if st.finished or st.rejected:  # e.g. generation stopped at the context limit
                 for s in st.finished:
                     s.finish_s = now
                 done += len(st.finished)
+                if buf:
+                    step_events.append(StepEvents(steps, now, 0, 0, manager.kv_used_tokens(),
+                                                  manager.kv_cached_tokens(), tuple(buf)))
+                    buf.clear()
                 continue
             idle_steps += 1
             if nxt < n:  # nothing runnable until something arrives
@@ -473,6 +495,9 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
             check_common(manager)
             manager.check_invariants()
         used, cached = observe(now)
+        if buf is not None:
+            step_events.append(StepEvents(steps, now, st.prefill_tokens, st.decode_tokens, used, cached, tuple(buf)))
+            buf.clear()
         peak_conc = max(peak_conc, st.num_running)
         kv_peak = max(kv_peak, used + cached)
         kv_area += (used + cached) * dt
@@ -482,6 +507,11 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
         progress(done, n, now)
     if check_invariants:
         manager.check_drained()
+    if buf is not None:
+        manager.set_events(None)
+        if buf:
+            step_events.append(StepEvents(steps, now, 0, 0, manager.kv_used_tokens(), manager.kv_cached_tokens(),
+                                          tuple(buf)))
 
     records = tuple(_record(s) for s in seqs)
     start = reqs[0].arrival_s
@@ -492,4 +522,4 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
     timeline = {"t": list(tl_t), "kv_used_tokens": list(tl_used), "kv_cached_tokens": list(tl_cached),
                 "running": list(tl_run), "waiting": list(tl_wait)}
     return Run(engine=manager.engine, config=manager.config(), summary=summary, requests=records,
-               timeline=timeline)
+               timeline=timeline, events=tuple(step_events) if record_events else None)

@@ -171,7 +171,8 @@ class RadixManager(KVManager):
         self.tree.dec_lock(seq.last_node)
         seq.last_node, seq.prefix_len = node, length
         if self.events is not None:
-            self.events.append(Cache(seq.req.id, tokens=length, new_tokens=length - present, node=node.id))
+            self.events.append(Cache(seq.req.id, tokens=length, new_tokens=length - present, from_request=moved,
+                                    node=node.id))
 
     def _cache_finished(self, seq: SglangRequest) -> None:
         """``cache_finished_req``: on finish, insert input + output[:-1] (page-aligned), free
@@ -240,7 +241,7 @@ class RadixManager(KVManager):
             seq.num_computed = prefix_len
             if ev is not None:
                 ev.append(PrefixHit(seq.req.id, prefix_len, node=node.id))
-                ev.append(Admit(seq.req.id, prefix_len, chunk, seq.cached_tokens is not None))
+                ev.append(Admit(seq.req.id, seq.num_tokens, prefix_len, chunk, seq.cached_tokens is not None))
             seq.note_first_admission(prefix_len, now)
             self.log_hit_tokens += prefix_len
             admitted.append(seq)

@@ -261,7 +261,7 @@ class PagedManager(KVManager):
             running.append(seq)
             kv.record_admission(seq, hit_tokens)
             if self.events is not None:
-                self.events.append(Admit(seq.req.id, hit_tokens, num_new, seq.cached_tokens is not None))
+                self.events.append(Admit(seq.req.id, seq.num_tokens, hit_tokens, num_new, seq.cached_tokens is not None))
             seq.note_first_admission(hit_tokens, now)
             if self._forward(seq, num_new, first, finished):
                 dec += 1
