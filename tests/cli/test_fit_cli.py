@@ -77,7 +77,7 @@ def test_quant_preset_versus_bare_type_on_the_command_line():
     (("fit", "llama-3.1-8b", "--on", "rtx4909"), "rtx4090"),
     (("fit", "llama-3.1-8b", "--on", "rtx4090", "--quant", "Q4_K_MM"), "Q4_K_M"),
     (("fit", "llama-3.1-8b", "--on", "rtx4090", "--kv", "q9_0"), "q8_0"),
-    (("fit", "llama-3.1-8b", "--on", "rtx4090", "--ctx", "0"), "n_ctx"),
+    (("fit", "llama-3.1-8b", "--on", "rtx4090", "--ctx", "-1"), "n_ctx"),  # -c 0 is the trained context (test_trace_cli)
     (("fit", "llama-3.1-8b", "--on", "rtx4090", "--ctx", "-4096"), "n_ctx"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle):

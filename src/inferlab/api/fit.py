@@ -222,15 +222,17 @@ def fit_report(setup: Setup, *, context: int | None = None, n_prompt: int = 512,
 
 def fit(model: ModelSpec | str, machine: Any, *, quant: Any = None, n_ctx: int | None = None, kv_type: str = "f16",
         n_gpu_layers: int | None = None, n_cpu_moe: int = 0, context: int | None = None, n_prompt: int = 512,
-        speed: str | SpeedModel = "calibrated", order: str = "llama.cpp", bare: str = "preset", profile: bool = True) -> FitReport:
+        speed: str | SpeedModel = "calibrated", order: str = "llama.cpp", bare: str = "preset", profile: bool = True,
+        flash_attn: str = "auto") -> FitReport:
     """Does ``model`` fit on ``machine``, where do its bytes live, how fast will it decode and prefill?
 
     ``model``: a ModelSpec or a source (catalog id, .gguf, HF folder or config.json, cached org/name);
     ``machine``: a Machine, a catalog key or "local". ``quant``: None (the file's own tensors, or
     Q4_K_M), a preset or a GGML type (``bare`` says how a bare name reads, see setup.read_quant).
-    ``n_ctx`` None: the trained context, shrunk by --fit; ``n_gpu_layers`` None: chosen by --fit.
+    ``n_ctx`` None or 0: the trained context, shrunk by --fit; ``n_gpu_layers`` None: chosen by --fit.
+    ``flash_attn``: -fa auto|on|off (a quantized V cache is refused with off, as llama.cpp does).
     ``context``: cached tokens at which decode is reported (default half of n_ctx, at most 4096).
     """
     setup = configure(model, machine, quant=quant, n_ctx=n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe,
-                      speed=speed, order=order, bare=bare, profile=profile)
+                      speed=speed, order=order, bare=bare, profile=profile, flash_attn=flash_attn)
     return fit_report(setup, context=context, n_prompt=n_prompt, source=model if isinstance(model, str) else "")

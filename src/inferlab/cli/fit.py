@@ -15,8 +15,10 @@ EXIT_DOES_NOT_FIT = 1  # `inferlab fit` exits 1 when the configuration does not 
 @click.option("--on", "machine_name", required=True, help="Machine: a catalog key (see `inferlab machines`) or 'local'.")
 @click.option("--quant", default=None, help="llama-quantize preset (Q4_K_M, Q2_K...); 'type:Q2_K' for every weight in one GGML type. "
               "Default: Q4_K_M, or the file's own tensors for a GGUF.")
-@click.option("--ctx", "n_ctx", type=int, default=None, help="Context (-c). Default: the trained context, shrunk by --fit to fit.")
+@click.option("--ctx", "n_ctx", type=int, default=None, help="Context (-c). Default (or 0, as llama.cpp's -c 0): the trained context, shrunk by --fit to fit.")
 @click.option("--kv", "kv_type", default="f16", show_default=True, help="KV-cache type (-ctk/-ctv): f16, q8_0, q4_0...")
+@click.option("--flash-attn", "-fa", "flash_attn", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Flash attention (-fa). llama.cpp refuses a quantized V cache (--kv q8_0...) with off.")
 @click.option("--ngl", "n_gpu_layers", type=int, default=None, help="GPU layers (-ngl). Default: chosen by --fit.")
 @click.option("--n-cpu-moe", type=int, default=0, help="Keep the experts of the first N blocks in RAM.")
 @click.option("--context", type=int, default=None, help="Context at which to report decode speed (default: half of --ctx, at most 4096).")
@@ -27,7 +29,7 @@ EXIT_DOES_NOT_FIT = 1  # `inferlab fit` exits 1 when the configuration does not 
 @click.option("--order", type=click.Choice(["llama.cpp", "first-blocks", "lesson"]), default="llama.cpp", show_default=True,
               help="Which layers -ngl moves: llama.cpp's (output head first) or the lesson's (first blocks).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def fit(model, machine_name, quant, n_ctx, kv_type, n_gpu_layers, n_cpu_moe, context, n_prompt, speed_name, order, as_json):
+def fit(model, machine_name, quant, n_ctx, kv_type, flash_attn, n_gpu_layers, n_cpu_moe, context, n_prompt, speed_name, order, as_json):
     """Does MODEL fit on a machine, where do its bytes live, and how fast will it run?
 
     Exit status: 0 when it fits, 1 when it does not (no speed is printed: it would not run),
@@ -35,7 +37,8 @@ def fit(model, machine_name, quant, n_ctx, kv_type, n_gpu_layers, n_cpu_moe, con
     from ..api import fit as fit_api
 
     report = fit_api(model, machine_name, quant=quant, n_ctx=n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
-                     n_cpu_moe=n_cpu_moe, context=context, n_prompt=n_prompt, speed=speed_name, order=order)
+                     n_cpu_moe=n_cpu_moe, context=context, n_prompt=n_prompt, speed=speed_name, order=order,
+                     flash_attn=flash_attn)
     if as_json:
         echo_json(report.to_dict())
     else:

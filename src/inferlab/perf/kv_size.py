@@ -78,3 +78,23 @@ def kv_read_bytes(model: ModelSpec, context: int, kv_type: str = "f16") -> tuple
     b = kv_bytes_per_value(kv_type)
     w = model.sliding_window or context
     return tuple(model.kv_elements_per_token(i) * b * (min(context, w) if model.layer_is_swa(i) else context) for i in range(model.n_layers))
+
+
+def kv_cache_bytes_per_batch(model: ModelSpec, seq_len: int, batch_size: int = 1, dtype_bytes: float = 2) -> float:
+    """The KV-cache case study's reading, ``kv_cache_bytes(config, seq_len, batch_size, dtype_bytes)``:
+    2 (K and V) x layers x KV heads x head size x seq_len x batch_size x dtype_bytes, bytes.
+
+    ``batch_size`` sequences of ``seq_len`` tokens each, every element ``dtype_bytes`` bytes (2 for
+    f16, 1 for int8/fp8; no block scales, unlike llama.cpp's q8_0 at 34/32 bytes). Sliding-window
+    layers hold at most their window; MLA caches the latent. For llama.cpp's own allocation of a
+    context shared by several sequences, see :func:`kv_cache_bytes` (its third argument is a KV type).
+    """
+    for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            from ..errors import InvalidValueError
+
+            raise InvalidValueError(f"{name} must be an integer >= 0, got {v!r}")
+    check_positive("dtype_bytes", dtype_bytes)
+    w = model.sliding_window or seq_len
+    per_seq = sum(model.kv_elements_per_token(i) * (min(seq_len, w) if model.layer_is_swa(i) else seq_len) for i in range(model.n_layers))
+    return float(per_seq * batch_size * dtype_bytes)  # elements of one sequence x sequences x bytes per element

@@ -137,6 +137,25 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
             "batch": batch, "context": context, "per_device": per, "bound": slow["bound"], "bottleneck": why}
 
 
+def check_kv_room(placement: Placement, context: int, batch: int = 1) -> None:
+    """Refuse a decode of ``batch`` sequences at ``context`` cached tokens each when they do not fit
+    in the cache the placement allocated: llama.cpp reserves ``-c`` cells shared by all sequences
+    (one unified buffer), so they need batch x context <= n_ctx. The message gives the numbers."""
+    from .kv_size import kv_cache_bytes
+
+    _check_ctx("context", context)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InvalidValueError(f"batch must be an integer >= 1, got {batch!r}")
+    cells = batch * context
+    if cells <= placement.n_ctx:
+        return
+    need = kv_cache_bytes(placement.model, cells, placement.kv_type, batch)
+    raise InvalidValueError(
+        f"batch {batch} x context {context:,} = {cells:,} cached tokens do not fit in the KV cache allocated for "
+        f"-c {placement.n_ctx:,} ({placement.kv_total / 1e9:.2f} GB of {placement.kv_type}); they need "
+        f"{need / 1e9:.2f} GB: raise -c to at least {cells:,}, or lower the batch or the context")
+
+
 def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: SpeedModel = BANDWIDTH_ONLY, context: int = 0) -> dict:
     """Seconds to process a prompt of n_tokens (after `context` cached tokens).
 
