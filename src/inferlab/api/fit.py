@@ -205,6 +205,10 @@ def fit_report(setup: Setup, *, context: int | None = None, n_prompt: int = 512,
 
     check_positive("n_prompt", n_prompt)
     p, spec = setup.placement, setup.spec
+    if context is not None:
+        from ..perf.speed import check_kv_room
+
+        check_kv_room(p, context, 1)  # a context beyond the allocated -c is refused with the numbers, not clipped
     ctx_at = min(context if context is not None else min(p.n_ctx // 2, DEFAULT_DECODE_CONTEXT_MAX), p.n_ctx)
     dec = decode_report(setup, ctx_at) if p.fits else None
     pre = prefill_report(setup, n_prompt) if p.fits else None
