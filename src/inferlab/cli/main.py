@@ -17,6 +17,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "gguf_plan": ("gguf_plan",),
     "run": ("run", "profile"),
     "simulate": ("simulate",),
+    "serve": ("serve",),
 }
 
 

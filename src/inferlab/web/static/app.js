@@ -1,0 +1,535 @@
+// inferlab's page. Every number comes from the JSON API (the same reports as `inferlab ... --json`);
+// this file only chooses what to ask, formats units (GB = 10^9 bytes) and draws. No model formula here.
+"use strict";
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
+const GB = 1e9; // display unit: decimal gigabytes, as the reports' capacities are counted
+let CATALOG = null;
+
+class ApiError extends Error {
+  constructor(message, status) { super(message); this.status = status; }
+}
+
+async function api(path, body) {
+  const opts = body === undefined ? {} : { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) };
+  const r = await fetch(path, opts);
+  let j;
+  try { j = await r.json(); } catch (e) { j = { error: `the server answered ${r.status} without JSON` }; }
+  if (!r.ok) throw new ApiError(j.error || `HTTP ${r.status}`, r.status);
+  return j;
+}
+
+// ---------------------------------------------------------------- formatting (units only)
+function fixed(x, d) { return Number(x).toLocaleString("en-US", { minimumFractionDigits: d, maximumFractionDigits: d }); }
+const fmt = {
+  gb: (b) => b == null ? "—" : `${fixed(b / GB, 2)} GB`,
+  tok: (x) => x == null ? "—" : `${fixed(x, x >= 100 ? 0 : 1)} tok/s`,
+  pct: (f) => f == null ? "—" : `${fixed(f * 100, 0)} %`,
+  s: (s) => s == null ? "—" : s < 1e-3 ? `${fixed(s * 1e6, 0)} µs` : s < 1 ? `${fixed(s * 1e3, 2)} ms` : `${fixed(s, 2)} s`,
+  int: (n) => n == null ? "—" : Number(n).toLocaleString("en-US"),
+  tokens: (n) => n == null ? "—" : `${Number(n).toLocaleString("en-US")} tokens`,
+  flopb: (x) => x == null ? "—" : `${fixed(x, x >= 10 ? 0 : 1)} FLOP/byte`,
+  tflops: (x) => x == null ? "—" : `${fixed(x, 1)} TFLOP/s`,
+};
+
+function el(tag, attrs = {}, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v == null || v === false) continue;
+    if (k === "class") e.className = v; else if (k === "text") e.textContent = v; else if (k === "style") e.style.cssText = v;
+    else e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const k of kids.flat()) if (k != null) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
+  return e;
+}
+
+function provText(p) { return p ? `${p.origin}: ${p.source}` : ""; }
+
+// A number with its raw value (data-value, as the API gave it) and where it comes from (hover/focus).
+function num(value, text, prov, testid) {
+  return el("span", { class: "num", tabindex: "0", "data-value": value == null ? "" : String(value),
+    "data-prov": provText(prov), "data-testid": testid, "aria-label": `${text}. ${provText(prov)}` }, text);
+}
+
+function stat(label, node) { return el("div", { class: "stat" }, el("span", { class: "label" }, label), node); }
+
+function setupTooltip() {
+  const tip = $("#tip");
+  const show = (t) => {
+    const p = t.getAttribute("data-prov");
+    if (!p) return;
+    tip.textContent = p; tip.hidden = false;
+    const r = t.getBoundingClientRect();
+    const left = Math.min(window.scrollX + r.left, window.scrollX + document.documentElement.clientWidth - 350);
+    tip.style.left = `${Math.max(4, left)}px`; tip.style.top = `${window.scrollY + r.bottom + 6}px`;
+  };
+  const hide = () => { tip.hidden = true; };
+  document.addEventListener("mouseover", (e) => { const t = e.target.closest("[data-prov]"); if (t) show(t); });
+  document.addEventListener("mouseout", (e) => { if (e.target.closest("[data-prov]")) hide(); });
+  document.addEventListener("focusin", (e) => { const t = e.target.closest("[data-prov]"); if (t) show(t); else hide(); });
+  document.addEventListener("focusout", hide);
+}
+
+// ---------------------------------------------------------------- a small SVG chart (drawing only)
+const SVGNS = "http://www.w3.org/2000/svg";
+function svg(tag, attrs = {}, text) {
+  const e = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs)) if (v != null) e.setAttribute(k, v);
+  if (text != null) e.textContent = text;
+  return e;
+}
+function niceTicks(lo, hi, n = 5) {
+  if (!(hi > lo)) return [lo];
+  const raw = (hi - lo) / n, mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(Number(v.toPrecision(12)));
+  return out;
+}
+function logTicks(lo, hi) {
+  const out = [];
+  for (let e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
+    const v = 10 ** e;
+    if (v >= lo * 0.999 && v <= hi * 1.001) out.push(v);
+  }
+  return out;
+}
+function tickLabel(v) {
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a >= 1e6) return `${v / 1e6}M`;
+  if (a >= 1e3) return `${v / 1e3}k`;
+  return String(Number(v.toPrecision(3)));
+}
+
+// spec: {title, x:{label, log, min, max}, y:{...}, series:[{name, color, points:[[x,y]], dash}], vlines, bands, marks}
+function chart(spec) {
+  const W = spec.width || 680, H = spec.height || 280, m = { l: 62, r: 16, t: 14, b: 44 };
+  const all = spec.series.flatMap((s) => s.points).concat((spec.marks || []).map((p) => [p.x, p.y]));
+  const xs = all.map((p) => p[0]).filter((v) => v != null), ys = all.map((p) => p[1]).filter((v) => v != null);
+  const ax = (a, vals) => {
+    let lo = a.min ?? Math.min(...vals), hi = a.max ?? Math.max(...vals);
+    if (a.log) { lo = Math.max(lo, 1e-12); if (hi <= lo) hi = lo * 10; } else if (hi <= lo) { hi = lo + 1; }
+    return { lo, hi, log: !!a.log };
+  };
+  const X = ax(spec.x, xs.length ? xs : [0, 1]), Y = ax(spec.y, ys.length ? ys : [0, 1]);
+  const px = (v) => m.l + (W - m.l - m.r) * (X.log ? Math.log(v / X.lo) / Math.log(X.hi / X.lo) : (v - X.lo) / (X.hi - X.lo));
+  const py = (v) => H - m.b - (H - m.t - m.b) * (Y.log ? Math.log(v / Y.lo) / Math.log(Y.hi / Y.lo) : (v - Y.lo) / (Y.hi - Y.lo));
+  const root = svg("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": spec.title });
+  root.append(svg("title", {}, spec.title));
+  for (const b of spec.bands || []) {
+    const x0 = px(Math.max(b.x0, X.lo)), x1 = px(Math.min(b.x1, X.hi));
+    root.append(svg("rect", { x: x0, y: m.t, width: Math.max(0, x1 - x0), height: H - m.t - m.b, fill: b.color, opacity: 0.5 }));
+    root.append(svg("text", { x: (x0 + x1) / 2, y: m.t + 14, "text-anchor": "middle", style: "fill:#b3261e" }, b.label));
+  }
+  const yt = Y.log ? logTicks(Y.lo, Y.hi) : niceTicks(Y.lo, Y.hi), xt = X.log ? logTicks(X.lo, X.hi) : niceTicks(X.lo, X.hi, 6);
+  for (const v of yt) {
+    root.append(svg("line", { class: "grid", x1: m.l, x2: W - m.r, y1: py(v), y2: py(v) }));
+    root.append(svg("text", { x: m.l - 6, y: py(v) + 4, "text-anchor": "end" }, tickLabel(v)));
+  }
+  for (const v of xt) root.append(svg("text", { x: px(v), y: H - m.b + 16, "text-anchor": "middle" }, tickLabel(v)));
+  root.append(svg("line", { class: "axis", x1: m.l, x2: W - m.r, y1: H - m.b, y2: H - m.b }));
+  root.append(svg("line", { class: "axis", x1: m.l, x2: m.l, y1: m.t, y2: H - m.b }));
+  root.append(svg("text", { x: (m.l + W - m.r) / 2, y: H - 6, "text-anchor": "middle" }, spec.x.label));
+  root.append(svg("text", { x: 14, y: (m.t + H - m.b) / 2, "text-anchor": "middle", transform: `rotate(-90 14 ${(m.t + H - m.b) / 2})` }, spec.y.label));
+  for (const s of spec.series) {
+    let d = "", pen = false;
+    for (const [x, y] of s.points) {
+      if (x == null || y == null || (X.log && x <= 0) || (Y.log && y <= 0)) { pen = false; continue; }
+      d += `${pen ? "L" : "M"}${px(x).toFixed(1)},${py(y).toFixed(1)}`; pen = true;
+    }
+    root.append(svg("path", { d, fill: "none", stroke: s.color, "stroke-width": s.width || 2.2, "stroke-dasharray": s.dash }));
+  }
+  for (const v of spec.vlines || []) {
+    root.append(svg("line", { x1: px(v.x), x2: px(v.x), y1: m.t, y2: H - m.b, stroke: v.color, "stroke-width": 1.5, "stroke-dasharray": "4 3" }));
+    root.append(svg("text", { x: px(v.x) + 4, y: m.t + 28, style: `fill:${v.color}` }, v.label));
+  }
+  for (const p of spec.marks || []) {
+    if (p.x == null || p.y == null) continue;
+    root.append(svg("circle", { cx: px(p.x), cy: py(p.y), r: 5, fill: p.color, stroke: "#fff", "stroke-width": 1.5 }));
+    root.append(svg("text", { x: px(p.x) + 8, y: py(p.y) - 8, style: `fill:${p.color};font-weight:600` }, p.label));
+  }
+  const legend = spec.series.filter((s) => s.name);
+  legend.forEach((s, i) => {
+    const x = m.l + 10 + i * 170;
+    root.append(svg("line", { x1: x, x2: x + 18, y1: m.t + 6, y2: m.t + 6, stroke: s.color, "stroke-width": 3, "stroke-dasharray": s.dash }));
+    root.append(svg("text", { x: x + 22, y: m.t + 10 }, s.name));
+  });
+  return root;
+}
+
+// ---------------------------------------------------------------- forms
+function fillSelect(sel, items, value) {
+  sel.replaceChildren(...items.map((it) => el("option", { value: it.id, selected: it.id === value }, it.label)));
+  if (value != null) sel.value = value;
+}
+function populate(form, defaults = {}) {
+  for (const s of $$("select[data-role]", form)) {
+    const role = s.dataset.role;
+    if (role === "model") fillSelect(s, CATALOG.models.map((m) => ({ id: m.id, label: m.origin === "file" ? `${m.name} (${m.id})` : m.name })), defaults.model || "llama-3.1-8b");
+    if (role === "machine") fillSelect(s, CATALOG.machines.map((m) => ({ id: m.id, label: m.name })), defaults.machine || CATALOG.default_machine);
+    if (role === "quant") fillSelect(s, CATALOG.quants.map((q) => ({ id: q, label: q })), defaults.quant || "Q4_K_M");
+    if (role === "kv") fillSelect(s, CATALOG.kv_types.map((q) => ({ id: q, label: q })), "f16");
+    if (role === "speed") fillSelect(s, CATALOG.speed_models.map((q) => ({ id: q, label: q })), "calibrated");
+    if (role === "workload") fillSelect(s, CATALOG.workloads.map((q) => ({ id: q, label: q })), "seed-chat");
+  }
+}
+function intOrNull(input) {
+  const v = input.value.trim();
+  if (v === "") return null;
+  const n = Number(v);
+  return Number.isFinite(n) ? n : v; // the server says what is wrong with anything else
+}
+function showError(section, err) {
+  const e = $(".error", section);
+  if (err) { e.textContent = `The server refused this: ${err.message}`; e.hidden = false; } else { e.hidden = true; e.textContent = ""; }
+}
+function modelInfo(id) { return CATALOG.models.find((m) => m.id === id); }
+
+// Re-render a figure when its controls change; only the latest answer is drawn.
+function wire(section, render) {
+  let seq = 0, timer = null;
+  const run = async () => {
+    const my = ++seq;
+    try {
+      const draw = await render();
+      if (my === seq && draw) { draw(); showError(section, null); }
+    } catch (err) { if (my === seq) showError(section, err); }
+    section.dataset.rendered = String(my);
+  };
+  const schedule = () => { clearTimeout(timer); timer = setTimeout(run, 60); };
+  section.addEventListener("input", (e) => { if (e.target.closest("form")) schedule(); });
+  section.addEventListener("change", (e) => { if (e.target.closest("form")) schedule(); });
+  return run;
+}
+
+function scenarioControl(form, defaults) {
+  const sel = form.elements.scenario;
+  fillSelect(sel, [...CATALOG.scenarios.map((s) => ({ id: s.id, label: s.label })), { id: "custom", label: "Your own choice below" }], defaults);
+  const apply = () => {
+    const s = CATALOG.scenarios.find((x) => x.id === sel.value);
+    if (!s) return;
+    form.elements.model.value = s.model; form.elements.machine.value = s.machine;
+    if (form.elements.n_ctx) form.elements.n_ctx.value = s.n_ctx;
+  };
+  sel.addEventListener("change", apply);
+  for (const n of ["model", "machine"]) form.elements[n].addEventListener("change", () => { sel.value = "custom"; });
+  apply();
+}
+
+// ---------------------------------------------------------------- figure 5: the calculator
+function memBar(dev, prov, i) {
+  const cap = dev.capacity_bytes, over = dev.total_bytes > cap;
+  const role = dev.kind === "gpu" ? (CATALOG_unified() ? "unified memory (GPU share)" : "VRAM") : "system RAM";
+  const segs = [["w", dev.weights_bytes, "weights"], ["k", dev.kv_bytes, "KV cache"], ["b", dev.compute_bytes, "compute buffers"]];
+  const track = el("div", { class: `track${over ? " over" : ""}`, role: "img",
+    "aria-label": `${dev.name}: ${fmt.gb(dev.total_bytes)} of ${fmt.gb(cap)}` },
+    segs.map(([c, b, name]) => el("div", { class: `seg ${c}${dev.kind === "cpu" ? " cpu" : ""}`, title: `${name}: ${fmt.gb(b)}`,
+      style: `width:${Math.min(100, (100 * b) / cap)}%` })));
+  return el("div", { class: "membar", "data-testid": `membar-${dev.kind}-${i}` },
+    el("div", { class: "title" },
+      el("span", {}, el("strong", {}, dev.kind === "cpu" ? "CPU + RAM" : dev.name), ` · ${role} · ${dev.n_blocks} blocks${dev.output_head ? " + output head" : ""}`),
+      el("span", {}, num(dev.total_bytes, fmt.gb(dev.total_bytes), prov["devices.total_bytes"], `mem-total-${dev.kind}-${i}`), " of ",
+        num(cap, fmt.gb(cap), prov["devices.capacity_bytes"], `mem-cap-${dev.kind}-${i}`), " (",
+        num(dev.used_fraction, fmt.pct(dev.used_fraction), prov["devices.total_bytes"]), ")", over ? el("strong", { style: "color:var(--bad)" }, " over") : null)),
+    track,
+    el("div", { class: "legend" }, segs.map(([c, b, name]) => el("span", {}, el("i", { class: `seg ${c}${dev.kind === "cpu" ? " cpu" : ""}` }),
+      `${name} `, num(b, fmt.gb(b), prov[`devices.${c === "w" ? "weights" : c === "k" ? "kv" : "compute"}_bytes`])))));
+}
+let CURRENT_MACHINE_UNIFIED = false;
+function CATALOG_unified() { return CURRENT_MACHINE_UNIFIED; }
+
+function setupCalc() {
+  const section = $("#fig-calc"), form = $("form", section), out = $("[data-out=calc]", section);
+  populate(form, { model: "qwen2.5-32b", machine: "rtx4060ti" });
+  const slider = form.elements.n_gpu_layers, auto = form.elements.ngl_auto, shown = form.elements.ngl_value;
+  const sweepCache = new Map();
+  const syncSlider = () => {
+    const m = modelInfo(form.elements.model.value);
+    slider.max = String(m.n_gpu_layers_max);
+    slider.setAttribute("aria-valuetext", auto.checked ? "auto" : `${slider.value} of ${m.n_gpu_layers_max} layers`);
+  };
+  form.elements.model.addEventListener("change", () => { syncSlider(); });
+  slider.addEventListener("input", () => { auto.checked = false; });
+  syncSlider();
+  const body = () => ({
+    model: form.elements.model.value, machine: form.elements.machine.value, quant: form.elements.quant.value,
+    kv_type: form.elements.kv_type.value, n_ctx: intOrNull(form.elements.n_ctx), speed: form.elements.speed.value,
+    n_gpu_layers: auto.checked ? null : Number(slider.value),
+  });
+  const render = async () => {
+    syncSlider();
+    const b = body();
+    const key = JSON.stringify({ ...b, n_gpu_layers: null });
+    const sweepP = sweepCache.has(key) ? Promise.resolve(sweepCache.get(key)) : api("/api/fit/ngl-sweep", { ...b, n_gpu_layers: null });
+    const [r, sweep] = await Promise.all([api("/api/fit", b), sweepP]);
+    sweepCache.set(key, sweep);
+    CURRENT_MACHINE_UNIFIED = !!(CATALOG.machines.find((m) => m.id === b.machine) || {}).unified;
+    return () => drawCalc(section, out, r, sweep, auto, slider, shown);
+  };
+  return wire(section, render);
+}
+
+function drawCalc(section, out, r, sweep, auto, slider, shown) {
+  const prov = r.provenance;
+  if (auto.checked) slider.value = String(r.n_gpu_layers);
+  shown.textContent = `${auto.checked ? "auto → " : ""}${r.n_gpu_layers} / ${r.n_gpu_layers_max} layers on the GPU`;
+  section.dataset.fits = String(r.fits);
+  const verdict = r.fits
+    ? el("div", { class: "verdict fits", "data-testid": "calc-verdict" }, `Fits: ${r.model} (${r.quant}) on ${r.machine}`)
+    : el("div", { class: "verdict nofit", "data-testid": "calc-verdict" }, `Does not fit: ${r.reason}. It would not run, so no speed is shown.`);
+  const dec = r.decode, pre = r.prefill;
+  const stats = el("div", { class: "stats" },
+    stat("decode speed", el("span", { class: "big" }, dec ? num(dec.tok_per_s, fmt.tok(dec.tok_per_s), prov.decode, "calc-decode") : num(null, "— (would not run)", prov.decode, "calc-decode"))),
+    stat("prompt processing", el("span", { class: "big" }, pre ? num(pre.tok_per_s, fmt.tok(pre.tok_per_s), prov.prefill, "calc-prefill") : num(null, "— (would not run)", prov.prefill, "calc-prefill"))),
+    stat("CPU share of a decode step", dec ? num(dec.cpu_share, fmt.pct(dec.cpu_share), prov.decode, "calc-cpu-share") : num(null, "—", prov.decode, "calc-cpu-share")),
+    stat("GPU layers -ngl", el("span", {}, num(r.n_gpu_layers, `${r.n_gpu_layers} / ${r.n_gpu_layers_max}`, prov.n_gpu_layers, "calc-ngl"), r.auto_ngl ? " (chosen by --fit)" : " (set)")),
+    stat("weights", el("span", {}, num(r.weights_bytes, fmt.gb(r.weights_bytes), prov.weights_bytes, "calc-weights"), " at ",
+      num(r.bits_per_weight, `${fixed(r.bits_per_weight, 2)} bits/weight`, prov.bits_per_weight, "calc-bpw"))),
+    stat("context -c", el("span", {}, num(r.n_ctx, fmt.tokens(r.n_ctx), prov.n_gpu_layers, "calc-nctx"), r.ctx_reduced ? " (shrunk by --fit)" : "", ` · KV ${r.kv_type}`)),
+  );
+  const detail = dec ? el("p", {}, `Decode at ${fmt.tokens(dec.context_tokens)} of context is ${dec.bound}-bound: ${dec.bottleneck}. Prompt processing for a ${fmt.tokens(pre.n_tokens)} prompt takes `,
+    num(pre.s, fmt.s(pre.s), prov.prefill), ".") : null;
+  const bars = el("div", {}, el("h3", {}, "Memory per device"), r.devices.slice().reverse().map((d, i) => memBar(d, prov, i)));
+  const fitting = sweep.points.filter((p) => p.fits);
+  const firstBad = sweep.points.find((p) => !p.fits);
+  const sweepChart = chart({
+    title: "Decode and prompt speed at each -ngl", x: { label: "-ngl (layers on the GPU)", min: 0, max: sweep.n_gpu_layers_max },
+    y: { label: "decode tok/s", min: 0 },
+    series: [{ name: "decode tok/s", color: "var(--gpu)", points: sweep.points.map((p) => [p.n_gpu_layers, p.decode_tok_per_s]) }],
+    bands: firstBad ? [{ x0: firstBad.n_gpu_layers - 0.5, x1: sweep.n_gpu_layers_max + 0.5, color: "#fbe3e0", label: "does not fit" }] : [],
+    vlines: [{ x: r.n_gpu_layers, color: "var(--kv)", label: `-ngl ${r.n_gpu_layers}` }],
+    marks: dec ? [{ x: r.n_gpu_layers, y: dec.tok_per_s, color: "var(--kv)", label: fmt.tok(dec.tok_per_s) }] : [],
+  });
+  const sweepNote = el("p", { class: "lead" }, fitting.length
+    ? `Fits up to -ngl ${fitting[fitting.length - 1].n_gpu_layers}; each point is inferlab's fit at that -ngl.` : "No -ngl fits on this machine.");
+  const cmds = r.commands ? el("div", {}, el("h3", {}, "Engine command lines"), r.commands.map((c) => cmdLine(c))) : null;
+  const notes = r.notes.length ? el("ul", {}, r.notes.map((n) => el("li", {}, n))) : null;
+  const figs = el("details", {}, el("summary", {}, "Where the inputs come from"), el("div", { class: "tablewrap" }, el("table", {},
+    el("thead", {}, el("tr", {}, el("th", {}, "figure"), el("th", {}, "value"), el("th", {}, "origin"), el("th", { style: "text-align:left" }, "source"))),
+    el("tbody", {}, r.figures.map((f) => el("tr", {}, el("td", {}, f.name), el("td", {}, `${f.value ?? "—"} ${f.unit}`), el("td", {}, f.origin), el("td", { style: "text-align:left" }, f.source)))))));
+  out.replaceChildren(verdict, stats, detail, bars, el("h3", {}, "What each layer buys"), sweepChart, sweepNote, cmds, notes, figs,
+    el("p", { class: "lead" }, `Speed model: ${r.speed_model}; layer order: ${r.order}.`));
+}
+
+function cmdLine(c) {
+  const text = typeof c === "string" ? c : c.command;
+  const btn = el("button", { type: "button", "aria-label": "Copy the command line" }, "Copy");
+  btn.addEventListener("click", async () => {
+    try { await navigator.clipboard.writeText(text); btn.textContent = "Copied"; } catch (e) { btn.textContent = "Select and copy"; }
+  });
+  return el("div", { class: "cmd" }, el("pre", {}, el("code", {}, text)), btn);
+}
+
+// ---------------------------------------------------------------- figure 2: time per token
+function setupToken() {
+  const section = $("#fig-token"), form = $("form", section), out = $("[data-out=token]", section);
+  populate(form, { model: "llama-3.1-8b", machine: "rtx4090" });
+  return wire(section, async () => {
+    const b = { model: form.elements.model.value, machine: form.elements.machine.value, quant: form.elements.quant.value,
+      kv_type: form.elements.kv_type.value, n_ctx: intOrNull(form.elements.n_ctx), batch: intOrNull(form.elements.batch) };
+    const r = await api("/api/decode-curve", b);
+    return () => {
+      if (!r.fits) { out.replaceChildren(el("div", { class: "verdict nofit", "data-testid": "token-verdict" }, `Does not fit: ${r.reason}`)); return; }
+      const prov = r.provenance.points;
+      const pts = r.points;
+      const c = chart({ title: "Decode tokens per second against the context", x: { label: "cached tokens of context", min: 0 },
+        y: { label: "tok/s", min: 0 }, series: [{ name: "decode tok/s", color: "var(--gpu)", points: pts.map((p) => [p.context_tokens, p.tok_per_s]) }],
+        marks: [pts[0], pts[pts.length - 1]].map((p) => ({ x: p.context_tokens, y: p.tok_per_s, color: "var(--kv)", label: fmt.tok(p.tok_per_s) })) });
+      const rows = pts.map((p) => el("tr", {},
+        el("td", {}, fmt.tokens(p.context_tokens)),
+        p.per_device.map((d) => el("td", {}, num(d.weights_bytes, fmt.gb(d.weights_bytes), prov), " + ", num(d.kv_bytes, fmt.gb(d.kv_bytes), prov))),
+        el("td", {}, num(p.step_s, fmt.s(p.step_s), prov)),
+        el("td", {}, num(p.tok_per_s, fmt.tok(p.tok_per_s), prov, "token-tok-s"))));
+      const head = el("tr", {}, el("th", {}, "context"), pts[0].per_device.map((d) => el("th", {}, `${d.kind === "cpu" ? "CPU + RAM" : d.device}: weights + KV read`)),
+        el("th", {}, "step"), el("th", {}, "decode"));
+      const maxTot = Math.max(...pts.map((q) => q.read_bytes));
+      const barRows = pts.map((p) => {
+        const tot = p.read_bytes;
+        return el("div", { class: "membar" }, el("div", { class: "title" }, el("span", {}, fmt.tokens(p.context_tokens)), el("span", {}, `${fmt.gb(tot)} read per step`)),
+          el("div", { class: "track", role: "img", "aria-label": `${fmt.gb(tot)} read per step at ${fmt.tokens(p.context_tokens)}` },
+            p.per_device.flatMap((d) => [el("div", { class: `seg w${d.kind === "cpu" ? " cpu" : ""}`, style: `width:${(100 * d.weights_bytes) / maxTot}%` }),
+              el("div", { class: "seg k", style: `width:${(100 * d.kv_bytes) / maxTot}%` })])));
+      });
+      out.replaceChildren(c, el("h3", {}, "Bytes one decode step reads"),
+        el("div", { class: "legend" }, el("span", {}, el("i", { class: "seg w" }), "weights (GPU)"), el("span", {}, el("i", { class: "seg w cpu" }), "weights (RAM)"), el("span", {}, el("i", { class: "seg k" }), "KV cache")),
+        barRows, el("div", { class: "tablewrap" }, el("table", { "data-testid": "token-table" }, el("thead", {}, head), el("tbody", {}, rows))));
+    };
+  });
+}
+
+// ---------------------------------------------------------------- figure 3: prefill and decode on the hardware
+function setupPhases() {
+  const section = $("#fig-phases"), form = $("form", section), out = $("[data-out=phases]", section);
+  populate(form, {});
+  scenarioControl(form, "partial");
+  let step = 0, last = null;
+  const label = $("[data-testid=phase-step-label]", section);
+  const STEPS = ["Prefill: the prompt in micro-batches", "Decode: one token, every weight read again", "The two phases side by side"];
+  const draw = () => {
+    if (!last) return;
+    const r = last;
+    label.textContent = `Step ${step + 1} of ${STEPS.length}: ${STEPS[step]}`;
+    if (!r.fits) { out.replaceChildren(el("div", { class: "verdict nofit" }, `Does not fit: ${r.reason}`)); return; }
+    const prov = r.provenance;
+    const list = el("ol", { class: "steps" }, STEPS.map((s, i) => el("li", { class: i < step ? "done" : i === step ? "current" : "" }, s)));
+    let body;
+    if (step === 0) {
+      const pre = r.prefill, maxS = Math.max(...pre.per_device.map((d) => d.s));
+      body = el("div", {}, el("p", {}, `A ${fmt.tokens(pre.n_tokens)} prompt: `, num(pre.s, fmt.s(pre.s), prov.prefill, "phase-prefill-s"), " in all, ",
+        num(pre.tok_per_s, fmt.tok(pre.tok_per_s), prov.prefill, "phase-prefill-tok"), pre.pcie_s ? el("span", {}, "; copying CPU-resident weights over PCIe takes ", num(pre.pcie_s, fmt.s(pre.pcie_s), prov.prefill)) : null, "."),
+        pre.per_device.map((d) => timeBar(`${d.device === d.runs_on ? d.device : `${d.device}'s layers, run on ${d.runs_on}`}`, d.s, maxS,
+          [["b", d.compute_s, "compute"], ["k", d.transfer_s, "PCIe copy"]], prov.prefill)));
+    } else if (step === 1) {
+      const dec = r.decode, maxS = Math.max(...dec.per_device.map((d) => d.s));
+      body = el("div", {}, el("p", {}, `One decode step at ${fmt.tokens(dec.context_tokens)} of context: `, num(dec.step_s, fmt.s(dec.step_s), prov.decode, "phase-decode-s"), ", ",
+        num(dec.tok_per_s, fmt.tok(dec.tok_per_s), prov.decode, "phase-decode-tok"), `. ${dec.bottleneck}.`),
+        dec.per_device.map((d) => timeBar(`${d.kind === "cpu" ? "CPU + RAM" : d.device} (${d.bound}-bound; reads ${fmt.gb(d.weights_bytes)} weights + ${fmt.gb(d.kv_bytes)} KV)`, d.s, maxS,
+          [["c", d.memory_s, "memory reads"], ["b", d.compute_s, "arithmetic"], ["k", d.overhead_s, "per-block overhead"]], prov.decode)));
+    } else {
+      body = el("div", { class: "stats" }, stat("prompt processing", el("span", { class: "big" }, num(r.prefill.tok_per_s, fmt.tok(r.prefill.tok_per_s), prov.prefill))),
+        stat("generation", el("span", { class: "big" }, num(r.decode.tok_per_s, fmt.tok(r.decode.tok_per_s), prov.decode))),
+        stat("CPU share of a decode step", num(r.decode.cpu_share, fmt.pct(r.decode.cpu_share), prov.decode)));
+    }
+    out.replaceChildren(list, body);
+  };
+  $("[data-act=prev]", section).addEventListener("click", () => { step = Math.max(0, step - 1); draw(); });
+  $("[data-act=next]", section).addEventListener("click", () => { step = Math.min(STEPS.length - 1, step + 1); draw(); });
+  return wire(section, async () => {
+    const b = { model: form.elements.model.value, machine: form.elements.machine.value, quant: form.elements.quant.value,
+      n_ctx: 8192, n_prompt: intOrNull(form.elements.n_prompt), context: intOrNull(form.elements.context) };
+    const r = await api("/api/fit", b);
+    return () => { last = r; draw(); };
+  });
+}
+
+// a phase's seconds on one device, then each part of it on its own scale line (parts may overlap in time)
+function timeBar(title, s, maxS, parts, prov) {
+  const line = (c, v, name) => el("div", { class: "track", style: "height:12px;margin-top:2px", role: "img", "aria-label": `${name}: ${fmt.s(v)}` },
+    el("div", { class: `seg ${c}`, style: `width:${(100 * v) / maxS}%` }));
+  return el("div", { class: "membar" }, el("div", { class: "title" }, el("span", {}, el("strong", {}, title)), el("span", {}, "total ", num(s, fmt.s(s), prov))),
+    el("div", { class: "track", role: "img", "aria-label": `${title}: ${fmt.s(s)}` }, el("div", { class: "seg w", style: `width:${(100 * s) / maxS}%` })),
+    parts.filter((p) => p[1] > 0).map(([c, v, name]) => line(c, v, name)),
+    el("div", { class: "legend" }, parts.map(([c, v, name]) => el("span", {}, el("i", { class: `seg ${c}` }), `${name} `, num(v, fmt.s(v), prov)))));
+}
+
+// ---------------------------------------------------------------- figure 6: three KV managers
+function setupKv() {
+  const section = $("#fig-kv"), out = $("[data-out=kv]", section), form = $("form", section);
+  populate(form, {});
+  const slider = $("input[name=kv_step]", section), label = $("[data-testid=kv-step-label]", section);
+  const playBtn = $("[data-act=play]", section);
+  let sim = null, timer = null;
+  const nSteps = () => Math.max(...Object.values(sim.frames).map((f) => f.length));
+  const stop = () => { clearInterval(timer); timer = null; playBtn.textContent = "▶ Play"; playBtn.setAttribute("aria-pressed", "false"); };
+  const go = (i) => { if (!sim) return; slider.value = String(Math.max(0, Math.min(nSteps() - 1, i))); drawKv(section, out, sim, Number(slider.value), label); };
+  slider.addEventListener("input", () => go(Number(slider.value)));
+  $("[data-act=prev]", section).addEventListener("click", () => { stop(); go(Number(slider.value) - 1); });
+  $("[data-act=next]", section).addEventListener("click", () => { stop(); go(Number(slider.value) + 1); });
+  $("[data-act=end]", section).addEventListener("click", () => { stop(); go(nSteps() - 1); });
+  playBtn.addEventListener("click", () => {
+    if (timer) { stop(); return; }
+    if (!sim) return;
+    if (Number(slider.value) >= nSteps() - 1) go(0);
+    playBtn.textContent = "⏸ Pause"; playBtn.setAttribute("aria-pressed", "true");
+    timer = setInterval(() => { const i = Number(slider.value) + 1; go(i); if (i >= nSteps() - 1) stop(); }, 140);
+  });
+  const runSim = async () => {
+    stop();
+    try {
+      const b = { workload: form.elements.workload.value, capacity_tokens: intOrNull(form.elements.capacity_tokens), limit: intOrNull(form.elements.limit) };
+      const r = await api("/api/simulate", b);
+      sim = { report: r, frames: framesOf(r) };
+      slider.max = String(nSteps() - 1);
+      showError(section, null);
+      go(0);
+    } catch (err) { showError(section, err); }
+    section.dataset.rendered = String((Number(section.dataset.rendered) || 0) + 1);
+  };
+  $("[data-act=run]", section).addEventListener("click", runSim);
+  form.addEventListener("change", runSim);
+  return runSim;
+}
+
+// one frame per simulator step, per engine: the simulator's own step records (events) or its timeline
+function framesOf(r) {
+  const frames = {};
+  for (const run of r.runs) {
+    const a = r.animation[run.engine];
+    if (a.events) {
+      frames[run.engine] = a.events.map((s) => ({ step: s.step, t: s.t, used: s.kv_used_tokens, cached: s.kv_cached_tokens,
+        prefill: s.prefill_tokens, decode: s.decode_tokens, events: s.events }));
+    } else {
+      const tl = a.timeline;
+      frames[run.engine] = tl.t.map((t, i) => ({ step: i + 1, t, used: tl.kv_used_tokens[i], cached: tl.kv_cached_tokens[i], running: tl.running[i], waiting: tl.waiting[i] }));
+    }
+  }
+  return frames;
+}
+
+function eventText(e) {
+  const who = e.request != null ? `request ${e.request}` : "";
+  switch (e.kind) {
+    case "admit": return `${who} admitted: ${e.cached_tokens} tokens cached, ${e.scheduled_tokens} computed now${e.resumed ? " (resumed)" : ""}`;
+    case "prefix_hit": return `${who} prefix hit: ${e.tokens} tokens${e.blocks && e.blocks.length ? ` in blocks ${e.blocks.join(", ")}` : ""}${e.node != null ? ` (tree node ${e.node})` : ""}`;
+    case "allocate": return `${who} allocates ${e.tokens} tokens${e.blocks && e.blocks.length ? ` in blocks ${e.blocks.join(", ")}` : ""}`;
+    case "cache": return `${who} caches ${e.tokens || ""}${e.blocks && e.blocks.length ? ` blocks ${e.blocks.join(", ")}` : " tokens"}${e.new_tokens ? ` (${e.new_tokens} new)` : ""}`;
+    case "evict": return `evicts ${e.tokens} cached tokens${e.blocks && e.blocks.length ? ` (blocks ${e.blocks.join(", ")})` : ""}${e.nodes && e.nodes.length ? ` (nodes ${e.nodes.join(", ")})` : ""}`;
+    case "free": return `${who} frees ${e.tokens} tokens`;
+    case "preempt": return `${who} preempted: ${e.computed_tokens} tokens to recompute`;
+    case "first_token": return `${who} first token`;
+    case "finish": return `${who} finished after ${e.output_tokens} output tokens`;
+    case "reject": return `${who} rejected: ${e.reason}`;
+    default: return `${e.kind} ${who}`;
+  }
+}
+
+const SUMMARY_ROWS = [
+  ["kv_capacity_tokens", "KV pool", fmt.tokens], ["prompt_tokens", "prompt tokens", fmt.int], ["prefill_computed", "prefill computed", fmt.int],
+  ["prefill_saved_frac", "prefill saved", fmt.pct], ["peak_concurrency", "peak concurrency", fmt.int], ["preemptions", "preemptions", fmt.int],
+  ["recomputed_tokens", "recomputed (preemption)", fmt.int], ["hit_rate", "engine hit rate", fmt.pct], ["kv_peak_tokens", "KV peak", fmt.tokens],
+  ["finished", "requests finished", fmt.int], ["steps", "steps", fmt.int],
+];
+
+function drawKv(section, out, sim, i, label) {
+  const r = sim.report, prov = r.provenance;
+  const total = Math.max(...Object.values(sim.frames).map((f) => f.length));
+  const atEnd = i >= total - 1;
+  label.textContent = `step ${i + 1} of ${total}${atEnd ? " (end: summary below)" : ""}`;
+  const panels = r.runs.map((run) => {
+    const frames = sim.frames[run.engine], f = frames[Math.min(i, frames.length - 1)];
+    const cap = run.capacity_tokens, done = i >= frames.length - 1;
+    const cells = cap <= 2048 ? el("div", { class: "cells", role: "img", "aria-label": `${f.used} tokens in use, ${f.cached} cached, of ${cap}` },
+      Array.from({ length: cap }, (_, k) => el("span", { class: `cell${k < f.used ? " used" : k < f.used + f.cached ? " cached" : ""}` }))) : null;
+    const evs = f.events ? el("ul", { class: "events", "aria-label": "What this step did" }, f.events.map((e) => el("li", {}, eventText(e)))) : null;
+    return el("div", { class: "engine", "data-testid": `kv-engine-${run.engine}` },
+      el("h3", {}, run.engine === "llamacpp" ? "llama.cpp (slots)" : run.engine === "vllm" ? "vLLM (paged blocks)" : "SGLang (radix tree)"),
+      el("div", {}, `step ${f.step} of ${frames.length}${done ? " · done" : ""} · t = ${fixed(f.t, 1)} ${r.time_unit === "s" ? "s" : "steps"}`),
+      el("div", {}, num(f.used, `${fmt.int(f.used)} in use`, prov.summary), " · ", num(f.cached, `${fmt.int(f.cached)} cached`, prov.summary), ` · of ${fmt.tokens(cap)}`,
+        f.running != null ? ` · ${f.running} running, ${f.waiting} waiting` : ""),
+      cells, evs);
+  });
+  const legend = el("div", { class: "legend" }, el("span", {}, el("i", { class: "cell used" }), "KV in use by running requests"),
+    el("span", {}, el("i", { class: "cell cached" }), "cached for reuse"), el("span", {}, el("i", { class: "cell" }), "free"));
+  let table = null;
+  if (atEnd) {
+    table = el("div", { class: "tablewrap" }, el("h3", {}, "Summary"), el("table", { "data-testid": "kv-summary" },
+      el("thead", {}, el("tr", {}, el("th", {}, ""), r.runs.map((run) => el("th", {}, run.engine)))),
+      el("tbody", {}, SUMMARY_ROWS.map(([k, name, f]) => el("tr", {}, el("td", {}, name),
+        r.runs.map((run) => el("td", {}, num(run.summary[k], f(run.summary[k]), prov.summary, `kv-${run.engine}-${k}`))))))));
+  }
+  out.replaceChildren(legend, el("div", { class: "engines" }, panels), table);
+}
+
+// ---------------------------------------------------------------- start
+async function main() {
+  setupTooltip();
+  try { CATALOG = await api("/api/catalog"); } catch (err) { document.body.prepend(el("p", { class: "error", role: "alert" }, `Cannot reach the inferlab server: ${err.message}`)); return; }
+  const runs = [setupCalc(), setupToken(), setupPhases(), setupKv()];
+  if (typeof setupLoad === "function") runs.push(setupLoad());
+  if (typeof setupRoofline === "function") runs.push(setupRoofline());
+  await Promise.all(runs.map((r) => r()));
+  document.body.dataset.ready = "true";
+}
+document.addEventListener("DOMContentLoaded", main);
