@@ -11,8 +11,11 @@ from inferlab.kv.traces import (load_azure, load_mooncake, load_trace, prefix_hi
 from inferlab.kv.workloads import multi_turn_chats, seed_chat, shared_prefix_groups
 from inferlab.kv_managers import PagedManager, RadixManager, Request, SlotManager, compare, simulate
 
-from _paths import TRACES
-needs_traces = pytest.mark.skipif(not (TRACES / "conversation_trace.jsonl").exists(), reason="traces not present")
+from _paths import vendored
+
+# vendored copies (tests/data/README.md): the whole Mooncake conversation trace, the Azure trace's first 200 requests
+MOONCAKE = vendored("mooncake_conversation_trace.jsonl")
+AZURE_HEAD = vendored("azure_llm_inference_conv_head.csv")
 
 
 def test_run_tokens_match_lists():
@@ -62,10 +65,9 @@ def test_shared_prefix_groups_and_chats():
     assert run.summary["prefill_saved_frac"] > 0.5
 
 
-@needs_traces
 def test_mooncake_loader_expands_hash_ids():
-    reqs = load_mooncake(TRACES / "conversation_trace.jsonl", limit=50)
-    d = json.loads((TRACES / "conversation_trace.jsonl").open().readline())
+    reqs = load_mooncake(MOONCAKE, limit=50)
+    d = json.loads((MOONCAKE).open().readline())
     r0 = reqs[0]
     assert len(r0.prompt) == d["input_length"] and r0.max_new_tokens == d["output_length"]
     assert r0.prompt[0] == d["hash_ids"][0] * 512 and r0.prompt[513] == d["hash_ids"][1] * 512 + 1
@@ -73,16 +75,14 @@ def test_mooncake_loader_expands_hash_ids():
     assert lcp(reqs[0].prompt.runs, reqs[1].prompt.runs) == 512
 
 
-@needs_traces
 def test_mooncake_upper_bound_is_36_6_percent():
-    reqs = load_mooncake(TRACES / "conversation_trace.jsonl")
+    reqs = load_mooncake(MOONCAKE)
     assert len(reqs) == 12031
     assert repeated_block_fraction(reqs) == pytest.approx(0.366, abs=0.0005)
 
 
-@needs_traces
 def test_no_manager_beats_the_unbounded_bound_on_a_mooncake_slice():
-    reqs = load_mooncake(TRACES / "conversation_trace.jsonl", limit=300)
+    reqs = load_mooncake(MOONCAKE, limit=300)
     bound = repeated_block_fraction(reqs)
     # token-level bound: per request, the longest prefix shared with any earlier prompt (L-1 cap)
     best = 0
@@ -97,9 +97,8 @@ def test_no_manager_beats_the_unbounded_bound_on_a_mooncake_slice():
     assert 0 < token_bound and bound > 0
 
 
-@needs_traces
 def test_azure_loader():
-    reqs = load_azure(TRACES / "AzureLLMInferenceTrace_conv.csv", limit=20)
+    reqs = load_azure(AZURE_HEAD, limit=20)
     assert reqs[0].arrival_s == 0 and len(reqs[0].prompt) == 374 and reqs[0].max_new_tokens == 44
     assert reqs[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
     assert lcp(reqs[0].prompt.runs, reqs[1].prompt.runs) == 0  # no prefix information
@@ -154,11 +153,10 @@ def test_bad_requests():
         RadixManager(capacity_tokens=0)
 
 
-@needs_traces
 @pytest.mark.slow
 def test_whole_mooncake_trace_stays_under_the_bound():
     # 36.6 % of blocks repeat; in prompt tokens an unbounded cache could reuse 37.4 %.
-    reqs = load_mooncake(TRACES / "conversation_trace.jsonl")
+    reqs = load_mooncake(MOONCAKE)
     bound = prefix_hit_upper_bound(reqs)
     assert 0.366 < bound < 0.38
     for m in (SlotManager(capacity_tokens=131072), RadixManager(capacity_tokens=131072)):
@@ -167,7 +165,6 @@ def test_whole_mooncake_trace_stays_under_the_bound():
         assert 0 < s["prefill_saved_frac"] <= bound, m.engine
 
 
-@needs_traces
 @pytest.mark.slow
 def test_unbounded_pool_without_overlap_reaches_the_bound():
     # Steps priced near zero: every request is done before the next arrives, so only the cache
@@ -175,7 +172,7 @@ def test_unbounded_pool_without_overlap_reaches_the_bound():
     # 16-token block at the end of each shared prefix.
     from inferlab.kv.time_model import TimeModel
 
-    reqs = load_mooncake(TRACES / "conversation_trace.jsonl", limit=300)
+    reqs = load_mooncake(MOONCAKE, limit=300)
     bound = prefix_hit_upper_bound(reqs)
     instant = TimeModel.linear(prefill_tok_per_s=1e9, decode_step_s=1e-7)
     radix = simulate(reqs, RadixManager(capacity_tokens=1 << 28), time_model=instant, record_timeline=False)

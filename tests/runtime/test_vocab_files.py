@@ -3,19 +3,15 @@ llama.cpp's models/ (ggml-vocab-<name>.gguf) with their test strings (.gguf.inp,
 "__ggml_vocab_test__") and the original tokenizers' ids (.gguf.out, one line per string), as
 llama.cpp's tests/test-tokenizer-0.cpp reads them: no BOS, control tokens not parsed.
 
-The files ship in the llama-cpp-python sdist (vendor/llama.cpp/models/). A session fixture extracts
-the ones needed into ~/.cache/inferlab/vocab/<llama-cpp-python version>/, taking the sdist from
-$INFERLAB_LLAMA_CPP_SDIST or `pip download` (served from pip's cache after llama-cpp-python's source
-build); the tests skip, saying why, when it cannot be had."""
+The files are vendored in tests/data/llama_cpp_vocab/ (the GGUFs xz-compressed; taken from the
+llama-cpp-python 0.3.36 sdist, vendor/llama.cpp/models/, MIT: see tests/data/README.md), so these
+tests run offline and never skip; a session fixture unpacks the GGUFs into a temporary folder."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tarfile
-import tempfile
-from importlib import metadata
+import hashlib
+import lzma
+import shutil
 from pathlib import Path
 
 import pytest
@@ -27,56 +23,31 @@ SPM_VOCABS = ("llama-spm", "phi-3")  # tokenizer.ggml.model "llama"
 BPE_VOCABS = ("gpt-2", "llama-bpe", "qwen2", "starcoder", "refact", "falcon")  # "gpt2", a supported pre
 VOCABS = SPM_VOCABS + BPE_VOCABS
 SEPARATOR = "\n__ggml_vocab_test__\n"
-
-
-def _wanted(name: str) -> list[str]:
-    return [f"ggml-vocab-{name}.gguf", f"ggml-vocab-{name}.gguf.inp", f"ggml-vocab-{name}.gguf.out"]
-
-
-def _find_sdist(version: str, work: Path) -> Path:
-    given = os.environ.get("INFERLAB_LLAMA_CPP_SDIST")
-    if given:
-        if not os.path.isfile(given):
-            pytest.skip(f"INFERLAB_LLAMA_CPP_SDIST={given} is not a file")
-        return Path(given)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
-           f"llama-cpp-python=={version}", "-d", str(work)]
-    try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"pip download of the llama-cpp-python {version} sdist took over 180 s")
-    found = sorted(work.glob("llama_cpp_python-*.tar.gz"))
-    if run.returncode != 0 or not found:
-        tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no sdist written"]
-        pytest.skip(f"cannot get the llama-cpp-python {version} sdist (pip download: {tail[0]})")
-    return found[0]
+VENDORED = Path(__file__).resolve().parents[1] / "data" / "llama_cpp_vocab"
+# sha256 of each unpacked GGUF as llama.cpp ships it (tests/data/README.md)
+SHA256 = {
+    "llama-spm": "16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69",
+    "phi-3": "967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326",
+    "gpt-2": "cedc56ca6e2e89f63e781696d1fd76b4b1d49e6720dee86463e915f6e90016ac",
+    "llama-bpe": "97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e",
+    "qwen2": "44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c",
+    "starcoder": "fedb892b4e1bd3c1f2fcdae356440b14fb458f4264d586e5c987ed93df4e174d",
+    "refact": "ac3ceda902fed91ccf74312b305d9b86c37e4f8e35fa9cc6ef3ce34fca7d4678",
+    "falcon": "9f0bf8b0733680398b72e652e90f260f43782f326e75545fc0e49611a5ba35ad",
+}
 
 
 @pytest.fixture(scope="session")
-def vocab_dir() -> Path:
-    try:
-        version = metadata.version("llama-cpp-python")
-    except metadata.PackageNotFoundError:
-        pytest.skip("llama-cpp-python is not installed: its sdist carries llama.cpp's vocab test files")
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferlab" / "vocab" / version
-    names = [f for v in VOCABS for f in _wanted(v)]
-    if all((cache / n).is_file() for n in names):
-        return cache
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        sdist = _find_sdist(version, Path(tmp))
-        with tarfile.open(sdist) as tar:
-            for member in tar:
-                base = member.name.rsplit("/", 1)[-1]
-                if member.isfile() and base in names and "/vendor/llama.cpp/models/" in member.name:
-                    data = tar.extractfile(member).read()
-                    part = cache / (base + ".part")
-                    part.write_bytes(data)
-                    part.replace(cache / base)
-    missing = [n for n in names if not (cache / n).is_file()]
-    if missing:
-        pytest.skip(f"the llama-cpp-python {version} sdist lacks {', '.join(missing)}")
-    return cache
+def vocab_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("llama_cpp_vocab")
+    for name in VOCABS:
+        base = f"ggml-vocab-{name}.gguf"
+        data = lzma.decompress((VENDORED / f"{base}.xz").read_bytes())
+        assert hashlib.sha256(data).hexdigest() == SHA256[name], f"{base}: the vendored copy changed"
+        (out / base).write_bytes(data)
+        for ext in (".inp", ".out"):
+            shutil.copyfile(VENDORED / (base + ext), out / (base + ext))
+    return out
 
 
 def read_tests(vocab_dir: Path, name: str) -> list[tuple[str, list[int]]]:
