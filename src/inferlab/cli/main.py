@@ -21,17 +21,52 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
+EXIT_BAD_INPUT = 2  # one line on stderr naming the value
+EXIT_INTERNAL = 70  # an unexpected error: one line, --debug for the traceback (EX_SOFTWARE)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
 class _Group(click.Group):
-    """Turns InferlabError into a one-line message (exit 2); --debug keeps the traceback."""
+    """Errors become one line on stderr: inferlab's typed errors and the operating system's file
+    errors exit 2, Ctrl-C 130, anything else 70 ("internal error"); --debug keeps the traceback."""
 
     def invoke(self, ctx: click.Context):
+        debug = bool(ctx.obj and ctx.obj.get("debug")) or "--debug" in sys.argv[1:2]
         try:
             return super().invoke(ctx)
-        except InferlabError as exc:
-            if ctx.obj and ctx.obj.get("debug"):
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            if debug:
                 raise
-            click.echo(f"inferlab: error: {exc}", err=True)
-            sys.exit(2)
+            click.echo("inferlab: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except InferlabError as exc:
+            if debug:
+                raise
+            click.echo(f"inferlab: error: {_one_line(exc)}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except OSError as exc:  # a file that cannot be read or written: name it
+            if debug:
+                raise
+            where = f" {exc.filename!r}" if getattr(exc, "filename", None) else ""
+            click.echo(f"inferlab: error:{where} {_one_line(exc.strerror or exc)}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except (RecursionError, MemoryError) as exc:
+            if debug:
+                raise
+            click.echo(f"inferlab: error: the input is too deeply nested or too large ({type(exc).__name__})", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except Exception as exc:  # the last resort: a bug, said in one line  # noqa: BLE001
+            if debug:
+                raise
+            click.echo(f"inferlab: internal error: {type(exc).__name__}: {_one_line(exc)} "
+                       "(run `inferlab --debug ...` for the traceback, and please report it)", err=True)
+            sys.exit(EXIT_INTERNAL)
 
 
 @click.group(cls=_Group)

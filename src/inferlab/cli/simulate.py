@@ -69,8 +69,13 @@ def _table(runs, title):
     Console().print(t)
 
 
+PLOT_SUFFIXES = (".png", ".svg")
+
+
 def plot_timeline(runs, path) -> None:
-    """KV use, running and waiting requests over time, one line per engine, as a PNG."""
+    """KV use, running and waiting requests over time, one line per engine, as a PNG or SVG
+    (written atomically)."""
+    from ..fileio import atomic_write
     try:
         import matplotlib
 
@@ -99,8 +104,11 @@ def plot_timeline(runs, path) -> None:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fmt = str(path).rsplit(".", 1)[-1].lower()
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, dpi=110, format=fmt))
+    finally:
+        plt.close(fig)
 
 
 @click.command("simulate")
@@ -135,13 +143,17 @@ def plot_timeline(runs, path) -> None:
 @click.option("--chunked-prefill-size", type=int, help="SGLang (2048; -1 off).")
 @click.option("--sglang-version", type=click.Choice(["0.5.23", "0.5.2"]))
 @click.option("--json", "as_json", is_flag=True, help="Summaries (and configs) as JSON.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a timeline PNG here.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a timeline plot here (.png or .svg).")
 def simulate(workload, trace, limit, arrivals, rate, seed, engines, capacity_tokens, model, machine, quant, speed_name, timed,
              n_parallel, kv_unified, cache_ram_mib, llamacpp_version, block_size, max_num_batched_tokens,
              max_num_seqs, vllm_version, page_size, schedule_policy, chunked_prefill_size, sglang_version,
              as_json, plot):
     """Serve a workload or trace with each engine's KV manager and scheduler; compare side by side."""
     from ..api import simulate as simulate_api
+    from ..fileio import check_output_path
+
+    if plot:
+        check_output_path(plot, PLOT_SUFFIXES, what="--plot")  # before the run, not after it
 
     if (model is None) != (machine is None):
         raise InvalidValueError("--model and --on go together")
