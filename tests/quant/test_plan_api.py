@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.errors import InvalidValueError, UnknownNameError
+from inferlab.errors import InvalidValueError, NotSupportedError, UnknownNameError
 from inferlab.models.catalog import MODELS
 from inferlab.models.inventory import tensor_inventory
 from inferlab.models.spec import TensorInfo
@@ -115,3 +115,35 @@ def test_file_spec_uses_its_own_tensors():
         tensor_plan(m)
     with pytest.raises(InvalidValueError):
         weight_bytes(m)
+
+
+def test_i1_names_are_the_preset_made_with_an_imatrix():
+    """mradermacher's "Model.i1-IQ4_XS.gguf": the preset with --imatrix. For IQ4_XS on Qwen2.5-7B
+    the imatrix keeps the first 28 // 8 = 3 ffn_down (ne 18944 x 3584) in IQ4_XS instead of Q5_K:
+    3 x 18944 * 3584 / 256 blocks x (176 - 136) bytes = 31,825,920 bytes less."""
+    m = MODELS["qwen2.5-7b"]
+    q = resolve_quant("i1-IQ4_XS")
+    assert q == Preset("IQ4_XS", imatrix=True, display_name="i1-IQ4_XS") and str(q) == "i1-IQ4_XS"
+    assert weight_bytes(m, "preset:IQ4_XS")["total"] - weight_bytes(m, q)["total"] == 3 * 18944 * 3584 // 256 * 40
+    with pytest.raises(InvalidValueError):
+        resolve_quant("i1-Q4_0_4_4")  # a variant defined as made without one
+
+
+@pytest.mark.parametrize("name", ["Q4_0_4_4", "Q4_0_4_8", "q4_0_8_8"])
+def test_arm_repacked_names_are_static_q4_0(name):
+    """The removed ARM ftypes (33-35) kept Q4_0's 18-byte block: the file of a static Q4_0."""
+    m = MODELS["qwen2.5-7b"]
+    q = resolve_quant(name)
+    assert q.name == "Q4_0" and q.imatrix is False
+    assert tensor_plan(m, q) == tensor_plan(m, Preset("Q4_0", imatrix=False))
+
+
+def test_unreproducible_community_names_are_refused_with_the_known_ones():
+    with pytest.raises(NotSupportedError, match="unsloth Dynamic"):
+        resolve_quant("UD-Q4_K_XL")
+    with pytest.raises(UnknownNameError) as e:
+        resolve_quant("Q4_K_XL")  # unsloth's "Q4_K_XL" without UD-, or a typo: not a bartowski variant
+    msg = str(e.value)
+    assert "community quant variant" in msg and "Q4_K_L" in msg and "Q3_K_XL" in msg and "Q4_0_8_8" in msg
+    assert "IQ2_M" not in msg  # the listing is the variants, not the 40 first of every name
+    assert resolve_quant("Q3_K_L") == Preset("Q3_K_L")  # a preset whose name ends in _L is no variant

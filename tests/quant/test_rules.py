@@ -126,11 +126,20 @@ def test_mxfp4_moe():
 
 
 def test_fused_qkv_master_and_2025_rules():
-    """Phi-3's attn_qkv: master treats it as attn_v; releases before late 2025 had its own rule."""
+    """Phi-3's attn_qkv: master treats it as attn_v; releases before late 2025 had its own rule,
+    which the default (rules=None) follows for a fused-QKV model, as its published files do."""
     m = "phi-3.5-mini"
-    assert _types(m, "Q4_K_M", "attn_qkv.weight") == ["Q6_K" if use_more_bits(i, 32) else "Q4_K" for i in range(32)]
+    master = Preset("Q4_K_M", rules="master")
+    assert _types(m, master, "attn_qkv.weight") == ["Q6_K" if use_more_bits(i, 32) else "Q4_K" for i in range(32)]
     assert set(_types(m, Preset("Q4_K_M", rules="2025"), "attn_qkv.weight")) == {"Q5_K"}
     assert set(_types(m, Preset("Q5_K_M", rules="2025"), "attn_qkv.weight")) == {"Q6_K"}
+    assert tensor_plan(MODELS[m], "Q4_K_M") == tensor_plan(MODELS[m], Preset("Q4_K_M", rules="2025"))
+    # very-low-bit presets: master sends attn_qkv to attn_v's IQ3_S (no GQA), the old rules keep IQ2_S
+    assert set(_types(m, Preset("IQ2_M", rules="master"), "attn_qkv.weight")) == {"IQ3_S"}
+    assert set(_types(m, "preset:IQ2_M", "attn_qkv.weight")) == {"IQ2_S"}
+    # a model without attn_qkv plans master's file by default
+    assert tensor_plan(MODELS["llama-3.1-8b"], "Q4_K_M") == tensor_plan(MODELS["llama-3.1-8b"], master)
+    assert Preset("Q4_K_M").rules_for(True) == "2025" and Preset("Q4_K_M").rules_for(False) == "master"
 
 
 def test_imatrix_changes_only_the_documented_rules():

@@ -26,7 +26,7 @@ from .rules import Prepared, assign_types, layer_of, prepare_blocks, requires_im
 from .types import ggml_types
 
 # Preset, PureType and resolve_quant are re-exported: callers name quants through this module
-__all__ = ["LayerBytes", "PlanEntry", "Preset", "PureType", "effective_bpw", "layer_bytes", "plan_memo",
+__all__ = ["LayerBytes", "PlanEntry", "Preset", "PureType", "effective_bpw", "layer_bytes", "plan_imatrix", "plan_memo",
            "resolve_quant", "tensor_plan", "weight_bytes"]
 
 
@@ -136,12 +136,7 @@ def _skeleton(model: ModelSpec) -> _Skeleton:
 def _sizes(model: ModelSpec, quant: Preset | PureType) -> tuple[list[str], list[int]]:
     """The type and the bytes of every tensor, in the inventory's order."""
     sk = _skeleton(model)
-    imatrix = bool(quant.imatrix) if isinstance(quant, Preset) else False
-    types = assign_types(sk.prep, model, quant, imatrix=imatrix)
-    if (isinstance(quant, Preset) and quant.imatrix is None and quant.name in _MAY_NEED_IMATRIX
-            and requires_imatrix(tensor_inventory(model), types, quant.name)):
-        # llama-quantize refuses this preset without an importance matrix: plan the file made with one
-        types = assign_types(sk.prep, model, quant, imatrix=True)
+    types = _types(model, quant, sk.prep)[0]
     table = ggml_types()
     block_size = {ty: table[ty].block_size for ty in set(types)}
     type_size = {ty: table[ty].type_size for ty in block_size}
@@ -156,6 +151,25 @@ def _plan(model: ModelSpec, quant: Preset | PureType) -> tuple[PlanEntry, ...]:
     make = tuple.__new__  # PlanEntry(...) without the keyword-handling constructor
     return tuple(make(PlanEntry, (t.name, t.shape, t.n_elements, ty, b, t.layer, t.is_expert))
                  for t, ty, b in zip(tensor_inventory(model), types, n_bytes))
+
+
+def plan_imatrix(model: ModelSpec, quant: str | Preset | PureType) -> bool:
+    """Whether the plan of (model, quant) is of a file made with an importance matrix: the preset's
+    imatrix when given, else only if llama-quantize refuses the preset on this model without one."""
+    q = resolve_quant(quant)
+    return isinstance(q, Preset) and _types(model, q, _skeleton(model).prep)[1]
+
+
+@lru_cache(maxsize=4096)
+def _types(model: ModelSpec, quant: Preset | PureType, prep: Prepared) -> tuple[list[str], bool]:
+    """Every tensor's type and whether an imatrix was assumed."""
+    imatrix = bool(quant.imatrix) if isinstance(quant, Preset) else False
+    types = assign_types(prep, model, quant, imatrix=imatrix)
+    if (isinstance(quant, Preset) and quant.imatrix is None and quant.name in _MAY_NEED_IMATRIX
+            and requires_imatrix(tensor_inventory(model), types, quant.name)):
+        # llama-quantize refuses this preset without an importance matrix: plan the file made with one
+        return assign_types(prep, model, quant, imatrix=True), True
+    return types, imatrix
 
 
 # presets whose mix can contain a type llama-quantize refuses to make without an imatrix

@@ -11,7 +11,10 @@ quant is one of two explicit objects:
 
 ``resolve_quant`` turns a string into one of them: a name of a GGML type means PureType (the seed's
 semantics), any other name a preset (or a community variant such as bartowski's ``Q4_K_L``); the
-prefixes ``"preset:"`` and ``"type:"`` force one reading. For F16, BF16, F32, Q8_0 and Q6_K both
+prefixes ``"preset:"`` and ``"type:"`` force one reading; ``"i1-"`` (mradermacher's name for a
+file made with an importance matrix, "Model.i1-IQ4_XS.gguf") means the preset with an imatrix.
+Community names that no llama-quantize run reproduces (unsloth's "UD-" dynamic quants, an
+unknown ``_L``/``_XL`` suffix) are refused with the names that are known. For F16, BF16, F32, Q8_0 and Q6_K both
 readings give the same plan (the preset keeps output and token_embd in the base type and applies
 no mix), so the seed's rows for those names hold either way; for Q4_0, Q5_0, IQ4_XS... they differ
 (the preset puts the output head in Q6_K), which ``label`` says.
@@ -21,16 +24,22 @@ Data: data/quant_presets.json (from llama.cpp's tools/quantize/quantize.cpp and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from functools import cached_property, cache, lru_cache
 from importlib import resources
 
-from ..errors import InvalidValueError, UnknownNameError
+from ..errors import InvalidValueError, NotSupportedError, UnknownNameError
 from .types import ggml_type, ggml_types
 
 # llama.cpp versions whose rules differ in ways that change a file's bytes (see rules.py)
 RULE_VERSIONS = ("master", "2025", "2023")
+# Preset(rules=None): master's rules, except on models with a fused attn_qkv (Phi-3), whose
+# published files were all made before master moved attn_qkv to the attn_v rules (late 2025):
+# their sizes follow the "2025" rules (bartowski's Phi-3.5-mini, b3751: Q2_K, IQ2_M, Q5_K_M within
+# 0.3 %; master's rules plan them +6 %, +7 %, -2 %). rules="master" asks for today's llama-quantize.
+DEFAULT_FUSED_QKV_RULES = "2025"
 # presets whose every quantizable tensor gets the base type (output and token_embd included):
 # for these the preset and the bare type of the same name plan the same file, except in 8-expert
 # MoE models (Mixtral), whose attn_k and attn_v llama-quantize bumps to Q8_0 (Q6_K here; the
@@ -108,13 +117,15 @@ class Preset:
     output_type / token_embd_type: --output-tensor-type / --token-embedding-type.
     rules: "master" (llama.cpp from late 2025 on), "2025" (before attn_qkv joined the attn_v rules) or
     "2023" (also Q2_K's old ffn_gate/ffn_up in Q3_K, removed in early 2024); see quant.rules.
+    None (the default): the rules the published files of the model follow, which are master's
+    except for a model with a fused attn_qkv (DEFAULT_FUSED_QKV_RULES); ``rules_for`` says which.
     """
 
     name: str
     imatrix: bool | None = None
     output_type: str | None = None
     token_embd_type: str | None = None
-    rules: str = "master"
+    rules: str | None = None
     display_name: str | None = None  # a variant's own name (bartowski's "Q4_K_L")
 
     def __post_init__(self) -> None:
@@ -123,7 +134,7 @@ class Preset:
             v = getattr(self, f)
             if v is not None:
                 object.__setattr__(self, f, ggml_type(v).name)
-        if self.rules not in RULE_VERSIONS:
+        if self.rules is not None and self.rules not in RULE_VERSIONS:
             raise UnknownNameError("llama.cpp rule version", self.rules, RULE_VERSIONS)
 
     @property
@@ -143,11 +154,18 @@ class Preset:
             extra.append(f"output {self.output_type}")
         if self.token_embd_type:
             extra.append(f"token_embd {self.token_embd_type}")
-        if self.rules != "master":
+        if self.rules is not None and self.rules != "master":
             extra.append(f"{self.rules} rules")
         shown = self.display_name or self.name
         kind = f"every weight {self.base_type}" if self.name in UNIFORM_PRESETS and not extra else "a mix"
         return f"{shown} (llama-quantize preset, {', '.join([kind, *extra])})"
+
+    def rules_for(self, has_fused_qkv: bool) -> str:
+        """The rule version a plan uses: the one asked for, else master's (the "2025" rules for a
+        model with a fused attn_qkv, as its published files were made)."""
+        if self.rules is not None:
+            return self.rules
+        return DEFAULT_FUSED_QKV_RULES if has_fused_qkv else "master"
 
     def __str__(self) -> str:
         return self.display_name or self.name
@@ -199,6 +217,12 @@ def resolve_quant(q: str | Preset | PureType) -> Preset | PureType:
 @lru_cache(maxsize=256)
 def _resolve_str(q: str) -> Preset | PureType:
     low = q.lower()
+    if low.startswith("i1-"):  # mradermacher's imatrix files: "Model.i1-IQ4_XS.gguf"
+        p = _resolve_str("preset:" + q[3:])
+        if p.imatrix is False:
+            raise InvalidValueError(f"{q!r}: {p.display_name or p.name} is made without an importance matrix, so it has no i1- form")
+        return dataclasses.replace(p, imatrix=True, display_name=q)
+    _refuse_unreproducible(q)
     if low.startswith("preset:"):
         name = q[len("preset:"):].strip()
         alias = preset_aliases().get(name.upper())
@@ -218,6 +242,19 @@ def _resolve_str(q: str) -> Preset | PureType:
         return v
     choices = set(presets()) | set(types.values()) | set(variants())
     raise UnknownNameError("quant preset or GGML type", q, choices)
+
+
+def _refuse_unreproducible(q: str) -> None:
+    """Community names that are not a llama-quantize preset plus options: say so, with the known names."""
+    name = q.split(":", 1)[1].strip() if q.lower().startswith(("preset:", "type:")) else q
+    up = name.upper()
+    if up.startswith("UD-") or up.startswith("UD_"):
+        raise NotSupportedError(
+            f"{q!r} is an unsloth Dynamic quant: unsloth chooses each tensor's type from its own measurements, so no "
+            f"llama-quantize rule predicts it; read the file itself (inferlab gguf-plan FILE) or name the preset it "
+            f"starts from ({up[3:]!r} if that is a preset)")
+    if (up.endswith("_L") or up.endswith("_XL")) and up not in presets() and up not in variants():
+        raise UnknownNameError("community quant variant (a preset with Q8_0 token_embd and output)", name, variants())
 
 
 def _variant(name: str) -> Preset | None:

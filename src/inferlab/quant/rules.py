@@ -18,7 +18,8 @@ The order of decisions, as in llama.cpp:
 5. The row-size fallback: when ne[0] is not a multiple of the chosen type's block, a 32-block type
    (``_fallback``), and F16 when even that does not divide it.
 
-Version differences (``Preset.rules``):
+Version differences (``Preset.rules``; the default, None, is "master" except on a model with a
+fused attn_qkv, whose published files follow "2025": Preset.rules_for):
 - "master" (llama.cpp since late 2025): attn_qkv (Phi-3's fused QKV) and attn_kv_b are "attn_v-like"
   and take the attn_v rules; Q2_K/Q3_K/TQ*_0 fall back to Q4_0.
 - "2025" (before): attn_qkv has its own rule (Q3_K_M/Q3_K_L/IQ3_M -> Q4_K, Q4_K_M -> Q5_K,
@@ -246,9 +247,9 @@ def assign_types(prep: Prepared, spec: ModelSpec, quant: Preset | PureType, *, i
         if ggml_type(base).block_size == 1:
             return [base if a else source_type for a in allowed]
         return [fallback(base, shape[0]) if a else source_type for shape, a in zip(shapes, allowed)]
-    rules = quant.rules
-    v_like = (ATTN_V, ATTN_QKV, ATTN_KV_B) if rules == "master" else (ATTN_V,)
     cats = prep.cats
+    rules = quant.rules_for(ATTN_QKV in cats or ATTN_KV_B in cats)
+    v_like = (ATTN_V, ATTN_QKV, ATTN_KV_B) if rules == "master" else (ATTN_V,)
     model = _Model(
         n_layer=spec.n_layers, n_expert=spec.n_experts, n_gqa=spec.n_heads // spec.n_kv_heads,
         is_70b=is_70b_class(spec), n_attention_wv=cats.count(ATTN_V) + cats.count(ATTN_QKV) + cats.count(ATTN_KV_B),
@@ -275,7 +276,7 @@ def assign_types(prep: Prepared, spec: ModelSpec, quant: Preset | PureType, *, i
         attn_v_like = cat in v_like
         key = ATTN_V if attn_v_like else cat
         index = seen.get(key, 0)
-        new = _mix(quant, base, layers[i], shape, cat, attn_v_like, index, model, imatrix)
+        new = _mix(quant, base, layers[i], shape, cat, attn_v_like, index, model, imatrix, rules)
         if key in seen:
             seen[key] += 1
         out[i] = fallback(new, shape[0], rules)
@@ -299,7 +300,7 @@ def _sort_layer(name: str) -> int:
 
 
 def _mix(quant: Preset, new: str, layer: int | None, shape: tuple[int, ...], cat: str, attn_v_like: bool, index: int,
-         model: _Model, imatrix: bool) -> str:
+         model: _Model, imatrix: bool, rules: str) -> str:
     """llama_tensor_get_type_impl for one tensor. new: the preset's base type; layer: the block
     index in the tensor's name ("blk.N."); index: how many tensors of this category
     llama-quantize has typed before this one."""
@@ -429,7 +430,7 @@ def _mix(quant: Preset, new: str, layer: int | None, shape: tuple[int, ...], cat
             return "Q4_K"
         return {"Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(ftype, new)
     if cat in (FFN_GATE, FFN_UP):
-        if ftype == "Q2_K" and quant.rules == "2023":
+        if ftype == "Q2_K" and rules == "2023":
             return "Q3_K"  # removed early 2024: "else Q2_K is almost the same as Q3_K_S"
         i = layer_info()
         if ftype == "IQ3_XS" and n_layer // 8 <= i < 7 * n_layer // 8:
