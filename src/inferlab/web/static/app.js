@@ -44,6 +44,8 @@ function el(tag, attrs = {}, ...kids) {
   return e;
 }
 
+function put(node, ...kids) { node.replaceChildren(...kids.flat().filter((k) => k != null)); }
+
 function provText(p) { return p ? `${p.origin}: ${p.source}` : ""; }
 
 // A number with its raw value (data-value, as the API gave it) and where it comes from (hover/focus).
@@ -105,7 +107,7 @@ function tickLabel(v) {
 
 // spec: {title, x:{label, log, min, max}, y:{...}, series:[{name, color, points:[[x,y]], dash}], vlines, bands, marks}
 function chart(spec) {
-  const W = spec.width || 680, H = spec.height || 280, m = { l: 62, r: 16, t: 14, b: 44 };
+  const W = spec.width || 720, H = spec.height || 250, m = { l: 62, r: 16, t: 14, b: 44 };
   const all = spec.series.flatMap((s) => s.points).concat((spec.marks || []).map((p) => [p.x, p.y]));
   const xs = all.map((p) => p[0]).filter((v) => v != null), ys = all.map((p) => p[1]).filter((v) => v != null);
   const ax = (a, vals) => {
@@ -190,15 +192,17 @@ function modelInfo(id) { return CATALOG.models.find((m) => m.id === id); }
 // Re-render a figure when its controls change; only the latest answer is drawn.
 function wire(section, render) {
   let seq = 0, timer = null;
+  // data-pending says whether an answer is still to come (tests wait on it; so could a spinner)
   const run = async () => {
     const my = ++seq;
+    section.dataset.pending = "1";
     try {
       const draw = await render();
       if (my === seq && draw) { draw(); showError(section, null); }
     } catch (err) { if (my === seq) showError(section, err); }
-    section.dataset.rendered = String(my);
+    if (my === seq) section.dataset.pending = "0";
   };
-  const schedule = () => { clearTimeout(timer); timer = setTimeout(run, 60); };
+  const schedule = () => { section.dataset.pending = "1"; clearTimeout(timer); timer = setTimeout(run, 60); };
   section.addEventListener("input", (e) => { if (e.target.closest("form")) schedule(); });
   section.addEventListener("change", (e) => { if (e.target.closest("form")) schedule(); });
   return run;
@@ -309,7 +313,7 @@ function drawCalc(section, out, r, sweep, auto, slider, shown) {
   const figs = el("details", {}, el("summary", {}, "Where the inputs come from"), el("div", { class: "tablewrap" }, el("table", {},
     el("thead", {}, el("tr", {}, el("th", {}, "figure"), el("th", {}, "value"), el("th", {}, "origin"), el("th", { style: "text-align:left" }, "source"))),
     el("tbody", {}, r.figures.map((f) => el("tr", {}, el("td", {}, f.name), el("td", {}, `${f.value ?? "—"} ${f.unit}`), el("td", {}, f.origin), el("td", { style: "text-align:left" }, f.source)))))));
-  out.replaceChildren(verdict, stats, detail, bars, el("h3", {}, "What each layer buys"), sweepChart, sweepNote, cmds, notes, figs,
+  put(out, verdict, stats, detail, bars, el("h3", {}, "What each layer buys"), sweepChart, sweepNote, cmds, notes, figs,
     el("p", { class: "lead" }, `Speed model: ${r.speed_model}; layer order: ${r.order}.`));
 }
 
@@ -331,7 +335,7 @@ function setupToken() {
       kv_type: form.elements.kv_type.value, n_ctx: intOrNull(form.elements.n_ctx), batch: intOrNull(form.elements.batch) };
     const r = await api("/api/decode-curve", b);
     return () => {
-      if (!r.fits) { out.replaceChildren(el("div", { class: "verdict nofit", "data-testid": "token-verdict" }, `Does not fit: ${r.reason}`)); return; }
+      if (!r.fits) { put(out, el("div", { class: "verdict nofit", "data-testid": "token-verdict" }, `Does not fit: ${r.reason}`)); return; }
       const prov = r.provenance.points;
       const pts = r.points;
       const c = chart({ title: "Decode tokens per second against the context", x: { label: "cached tokens of context", min: 0 },
@@ -352,7 +356,7 @@ function setupToken() {
             p.per_device.flatMap((d) => [el("div", { class: `seg w${d.kind === "cpu" ? " cpu" : ""}`, style: `width:${(100 * d.weights_bytes) / maxTot}%` }),
               el("div", { class: "seg k", style: `width:${(100 * d.kv_bytes) / maxTot}%` })])));
       });
-      out.replaceChildren(c, el("h3", {}, "Bytes one decode step reads"),
+      put(out, c, el("h3", {}, "Bytes one decode step reads"),
         el("div", { class: "legend" }, el("span", {}, el("i", { class: "seg w" }), "weights (GPU)"), el("span", {}, el("i", { class: "seg w cpu" }), "weights (RAM)"), el("span", {}, el("i", { class: "seg k" }), "KV cache")),
         barRows, el("div", { class: "tablewrap" }, el("table", { "data-testid": "token-table" }, el("thead", {}, head), el("tbody", {}, rows))));
     };
@@ -371,7 +375,7 @@ function setupPhases() {
     if (!last) return;
     const r = last;
     label.textContent = `Step ${step + 1} of ${STEPS.length}: ${STEPS[step]}`;
-    if (!r.fits) { out.replaceChildren(el("div", { class: "verdict nofit" }, `Does not fit: ${r.reason}`)); return; }
+    if (!r.fits) { put(out, el("div", { class: "verdict nofit" }, `Does not fit: ${r.reason}`)); return; }
     const prov = r.provenance;
     const list = el("ol", { class: "steps" }, STEPS.map((s, i) => el("li", { class: i < step ? "done" : i === step ? "current" : "" }, s)));
     let body;
@@ -392,7 +396,7 @@ function setupPhases() {
         stat("generation", el("span", { class: "big" }, num(r.decode.tok_per_s, fmt.tok(r.decode.tok_per_s), prov.decode))),
         stat("CPU share of a decode step", num(r.decode.cpu_share, fmt.pct(r.decode.cpu_share), prov.decode)));
     }
-    out.replaceChildren(list, body);
+    put(out, list, body);
   };
   $("[data-act=prev]", section).addEventListener("click", () => { step = Math.max(0, step - 1); draw(); });
   $("[data-act=next]", section).addEventListener("click", () => { step = Math.min(STEPS.length - 1, step + 1); draw(); });
@@ -435,17 +439,21 @@ function setupKv() {
     playBtn.textContent = "⏸ Pause"; playBtn.setAttribute("aria-pressed", "true");
     timer = setInterval(() => { const i = Number(slider.value) + 1; go(i); if (i >= nSteps() - 1) stop(); }, 140);
   });
+  let seq = 0;
   const runSim = async () => {
     stop();
+    const my = ++seq;
+    section.dataset.pending = "1";
     try {
       const b = { workload: form.elements.workload.value, capacity_tokens: intOrNull(form.elements.capacity_tokens), limit: intOrNull(form.elements.limit) };
       const r = await api("/api/simulate", b);
+      if (my !== seq) return;
       sim = { report: r, frames: framesOf(r) };
       slider.max = String(nSteps() - 1);
       showError(section, null);
       go(0);
-    } catch (err) { showError(section, err); }
-    section.dataset.rendered = String((Number(section.dataset.rendered) || 0) + 1);
+    } catch (err) { if (my === seq) showError(section, err); }
+    if (my === seq) section.dataset.pending = "0";
   };
   $("[data-act=run]", section).addEventListener("click", runSim);
   form.addEventListener("change", runSim);
@@ -519,7 +527,7 @@ function drawKv(section, out, sim, i, label) {
       el("tbody", {}, SUMMARY_ROWS.map(([k, name, f]) => el("tr", {}, el("td", {}, name),
         r.runs.map((run) => el("td", {}, num(run.summary[k], f(run.summary[k]), prov.summary, `kv-${run.engine}-${k}`))))))));
   }
-  out.replaceChildren(legend, el("div", { class: "engines" }, panels), table);
+  put(out, legend, el("div", { class: "engines" }, panels), table);
 }
 
 // ---------------------------------------------------------------- start
