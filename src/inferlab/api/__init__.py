@@ -12,6 +12,9 @@ from .plan import PlanReport, plan
 from .report import SCHEMA_VERSION, Figure, Report
 from .setup import Setup, configure
 from .simulate import SimReport, simulate
+from .trace import TraceReport, trace
+from .roofline import RooflineReport, roofline
 
 __all__ = ["SCHEMA_VERSION", "Figure", "FitReport", "MachineReport", "PlanReport", "Report", "Setup", "SimReport",
-           "configure", "fit", "machine", "plan", "simulate"]
+           "configure", "fit", "machine", "plan", "simulate",
+           "TraceReport", "trace", "RooflineReport", "roofline"]

@@ -18,6 +18,8 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "run": ("run", "profile"),
     "simulate": ("simulate",),
     "serve": ("serve",),
+    "trace": ("trace",),
+    "roofline": ("roofline",),
 }
 
 
