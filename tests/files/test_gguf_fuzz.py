@@ -166,5 +166,10 @@ def test_empty_and_missing_files(tmp_path):
         model_from_gguf(empty)
     with pytest.raises(FileFormatError, match="no such GGUF file"):
         model_from_gguf(tmp_path / "absent.gguf")
-    with pytest.raises(FileFormatError, match="cannot open"):
+    with pytest.raises(FileFormatError, match="not a regular file"):
         model_from_gguf(tmp_path)  # a directory
+    import os
+
+    os.mkfifo(tmp_path / "fifo.gguf")  # opening a FIFO for reading would block until a writer came
+    with pytest.raises(FileFormatError, match="not a regular file"):
+        model_from_gguf(tmp_path / "fifo.gguf")

@@ -214,6 +214,8 @@ def read_gguf_header(path: str | os.PathLike, *, keep: Collection[str] = ()) -> 
     _MAX_KEPT_ARRAY keep only their count, strings longer than _MAX_KEPT_STRING their length).
     """
     p = str(path)
+    if os.path.exists(p) and not os.path.isfile(p):  # a FIFO or a device would block or never end
+        raise FileFormatError(f"{p}: not a regular file (a GGUF model is a file)")
     try:
         size = os.path.getsize(p)
         f = open(p, "rb")
@@ -355,6 +357,9 @@ def _sibling_mmproj(path: Path) -> Path | None:
 
 
 # --- the model ---------------------------------------------------------------------------------
+MAX_DECLARED_LAYERS = 4096  # a header without blk.* tensors (a vocab-only file) may not declare more blocks
+
+
 def model_from_gguf(path: str | os.PathLike, *, mmproj: str | os.PathLike | None = None) -> ModelSpec:
     """ModelSpec of a GGUF model, with the file's real tensor table (all parts of a split model).
 
@@ -465,6 +470,12 @@ def _hparams(arch: str, md: dict[str, Any], tensors: dict[str, TensorInfo], labe
         return any(n.endswith(suffix) for n in tensors)
 
     n_layers, d_model, n_heads = req("block_count"), req("embedding_length"), req("attention.head_count")
+    blocks = {int(n.split(".", 2)[1]) for n in tensors if n.startswith("blk.") and n.split(".", 2)[1].isdigit()}
+    if blocks and (max(blocks) + 1 != n_layers or len(blocks) != n_layers):
+        raise FileFormatError(f"{path}: {arch}.block_count says {n_layers} blocks but the tensor table holds "
+                              f"{len(blocks)} (blk.{min(blocks)} .. blk.{max(blocks)})")
+    if not blocks and n_layers > MAX_DECLARED_LAYERS:
+        raise FileFormatError(f"{path}: {arch}.block_count {n_layers} is beyond any published model (at most {MAX_DECLARED_LAYERS})")
     n_kv = get("attention.head_count_kv") or n_heads
     head_dim = get("attention.key_length") or d_model // n_heads
     v_head_dim = get("attention.value_length")

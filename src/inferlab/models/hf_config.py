@@ -35,6 +35,15 @@ def _swa_pattern(n_layers: int, period: int) -> tuple[bool, ...]:
     return tuple(i % period < period - 1 for i in range(n_layers))
 
 
+# Sizes beyond any published model: a config declaring more is broken or hostile (minutes of work
+# or a MemoryError otherwise). The largest published figures are far below: 126 layers (Llama 3.1
+# 405B), hidden 18,432 (Nemotron-4 340B), 256k vocab (Gemma), 384 experts (Kimi K2).
+FIELD_CAPS = {"num_hidden_layers": 1024, "hidden_size": 131072, "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20,
+              "num_attention_heads": 4096, "num_key_value_heads": 4096, "head_dim": 16384, "vocab_size": 1 << 23,
+              "num_local_experts": 65536, "num_experts": 65536, "n_routed_experts": 65536, "num_experts_per_tok": 65536,
+              "max_position_embeddings": 1 << 27, "sliding_window": 1 << 27}
+
+
 def model_from_hf_config(config: Mapping[str, Any], name: str | None = None, source: str = "") -> ModelSpec:
     """Build a ModelSpec from a parsed config.json. Raises ConfigError on a missing field."""
     if not isinstance(config, Mapping):
@@ -51,21 +60,31 @@ def model_from_hf_config(config: Mapping[str, Any], name: str | None = None, sou
     arch = MODEL_TYPES[model_type]
     label = name or config.get("_name_or_path") or outer.get("_name_or_path") or model_type
 
+    def capped(key: str, v: int) -> int:
+        cap = FIELD_CAPS.get(key)
+        if cap is not None and v > cap:
+            raise ConfigError(f"config of {label!r}: field {key!r} = {v} is beyond any published model (at most {cap})")
+        return v
+
     def req(key: str) -> Any:
         v = config.get(key)
         if v is None:
             raise ConfigError(f"config of {label!r} ({model_type}) is missing the field {key!r}")
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ConfigError(f"config of {label!r}: field {key!r} must be a positive integer, got {v!r}")
-        return v
+        return capped(key, v)
 
     def opt(key: str, default: Any) -> Any:
         v = config.get(key)
         if v is None:
             return default
-        if isinstance(default, int) and not isinstance(default, bool) and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        if isinstance(default, bool):
+            if not isinstance(v, bool):  # "false" is a string, and a non-empty string is true in Python
+                raise ConfigError(f"config of {label!r}: field {key!r} must be true or false, got {v!r}")
+            return v
+        if isinstance(default, int) and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise ConfigError(f"config of {label!r}: field {key!r} must be a non-negative integer, got {v!r}")
-        return v
+        return capped(key, v) if isinstance(v, int) else v
 
     n_layers = req("num_hidden_layers")
     d_model = req("hidden_size")

@@ -52,13 +52,19 @@ def _from_path(path: Path, *, hf_id: str = "", tag: str | None = None) -> ModelS
     from .gguf_reader import model_from_gguf
     from .safetensors_reader import model_from_hf_folder
 
+    if not path.is_file() and not path.is_dir():
+        raise InvalidValueError(f"{path}: exists but is not a regular file or a folder (a FIFO, socket or device?); pass a "
+                                ".gguf file, a config.json, or a folder with config.json")
     if path.is_file():
         if path.suffix == ".gguf":
             return model_from_gguf(path)
         if path.name.endswith(".json"):
             return model_from_hf_folder(path, hf_id=hf_id)
         raise InvalidValueError(f"{path}: not a model file; pass a .gguf file, a config.json, or a folder with config.json")
-    if (path / "config.json").is_file() and tag is None:
+    cfg = path / "config.json"
+    if cfg.exists() and not cfg.is_file():
+        raise InvalidValueError(f"{cfg}: exists but is not a regular file")
+    if cfg.is_file() and tag is None:
         return model_from_hf_folder(path, hf_id=hf_id)
     ggufs = _model_ggufs(path)
     if tag is not None:
@@ -77,7 +83,7 @@ def _model_ggufs(folder: Path) -> list[Path]:
     down), one per split set, no projectors."""
     out = []
     for g in sorted([*folder.glob("*.gguf"), *folder.glob("*/*.gguf")]):
-        if "mmproj" in g.name.lower():
+        if "mmproj" in g.name.lower() or not g.is_file():  # regular files only: a FIFO named .gguf would block
             continue
         m = _SPLIT_PART.search(g.name)
         if m and m.group(1) != "00001":
@@ -111,9 +117,12 @@ def _snapshot(repo_dir: Path) -> Path | None:
         return None
     ref = repo_dir / "refs" / "main"
     if ref.is_file():
-        rev = ref.read_text().strip()
-        if rev and (snapshots / rev).is_dir() and _usable(snapshots / rev):
-            return snapshots / rev
+        rev = ref.read_text(errors="replace").strip()[:256]
+        target = snapshots / rev
+        if rev and target.is_dir() and not target.resolve().is_relative_to(snapshots.resolve()):
+            raise InvalidValueError(f"{ref}: points to {rev!r}, outside the cache's snapshots/ folder; refusing to follow it")
+        if rev and target.is_dir() and _usable(target):
+            return target
     candidates = [s for s in snapshots.iterdir() if s.is_dir() and _usable(s)]
     return max(candidates, key=lambda s: s.stat().st_mtime) if candidates else None
 

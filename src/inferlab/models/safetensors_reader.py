@@ -76,6 +76,8 @@ class SafetensorsCheckpoint:
 def read_safetensors_header(path: str | os.PathLike) -> tuple[tuple[SafetensorsTensor, ...], dict[str, str]]:
     """The tensors and __metadata__ of one .safetensors file; FileFormatError if malformed."""
     p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():
+        raise FileFormatError(f"{p}: not a regular file (a safetensors checkpoint is a file)")
     try:
         size = p.stat().st_size
         with open(p, "rb") as f:
@@ -99,6 +101,8 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[tuple[SafetensorsT
         header = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise FileFormatError(f"{p}: safetensors header is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise FileFormatError(f"{p}: safetensors header is nested too deeply (JSON inside JSON thousands deep)") from None
     if not isinstance(header, dict):
         raise FileFormatError(f"{p}: safetensors header must be a JSON object, got {type(header).__name__}")
     data_bytes = size - 8 - n
@@ -180,6 +184,8 @@ def read_checkpoint(folder: str | os.PathLike) -> SafetensorsCheckpoint | None:
 
 
 def _read_json(path: Path, what: str, error: type) -> dict:
+    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+        raise error(f"{path}: {what} is not a regular file")
     try:
         size = path.stat().st_size
         if size > CONFIG_MAX_BYTES:
@@ -190,6 +196,8 @@ def _read_json(path: Path, what: str, error: type) -> dict:
         raise error(f"{path}: no such file") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise error(f"{path}: {what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise error(f"{path}: {what} is nested too deeply to be a config (JSON arrays or objects inside each other thousands deep)") from None
     except OSError as exc:
         raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     if not isinstance(data, dict):
