@@ -18,6 +18,9 @@ from ..kv.simulator import Request, Run
 from .report import Report
 
 
+MAX_POOL_TOKENS = 1 << 31  # the simulators keep per-block state; a pool this large is a typo, not a machine
+
+
 @dataclass(frozen=True)
 class EngineRun:
     engine: str
@@ -84,6 +87,9 @@ def simulate(requests: Iterable[Request], *, engines: str | Iterable[str] = ("ll
         check_positive("capacity_tokens", capacity_tokens)
         if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int):
             raise InvalidValueError(f"capacity_tokens must be an integer number of tokens, got {capacity_tokens!r}")
+        if capacity_tokens > MAX_POOL_TOKENS:
+            raise InvalidValueError(f"capacity_tokens {capacity_tokens:,} is beyond any KV pool (at most {MAX_POOL_TOKENS:,} tokens: "
+                                    "eight 141 GB GPUs hold about 10^8 tokens of an 8B model's f16 KV)")
     if capacity_tokens is None and (model is None or machine is None):
         raise InvalidValueError("give capacity_tokens, or a model and a machine to size the KV pool")
     if (model is None) != (machine is None):
