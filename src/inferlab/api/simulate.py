@@ -89,7 +89,7 @@ def simulate(requests: Iterable[Request], *, engines: str | Iterable[str] = ("ll
             raise InvalidValueError(f"capacity_tokens must be an integer number of tokens, got {capacity_tokens!r}")
         if capacity_tokens > MAX_POOL_TOKENS:
             raise InvalidValueError(f"capacity_tokens {capacity_tokens:,} is beyond any KV pool (at most {MAX_POOL_TOKENS:,} tokens: "
-                                    "eight 141 GB GPUs hold about 10^8 tokens of an 8B model's f16 KV)")
+                                    "eight 141 GB GPUs hold about 8.6 million tokens of an 8B model's f16 KV at 128 KiB per token)")
     if capacity_tokens is None and (model is None or machine is None):
         raise InvalidValueError("give capacity_tokens, or a model and a machine to size the KV pool")
     if (model is None) != (machine is None):
