@@ -271,6 +271,17 @@ def _split_counts(shares: list[float], n: int) -> list[int]:
     return counts
 
 
+def _catalog_machine(name: object) -> Machine:
+    """A catalog machine by name (this computer, "local", is detected by hardware.resolve, above perf/)."""
+    from ..hardware.catalog import MACHINES
+
+    if not isinstance(name, str):
+        raise InvalidValueError(f"machine must be a Machine or a catalog machine name such as 'rtx4090', got {type(name).__name__} {name!r:.80}")
+    if name == "local":
+        raise InvalidValueError("place() takes catalog machine names; for this computer pass hardware.resolve.resolve_machine('local')")
+    return MACHINES[name]
+
+
 def place(
     model: ModelSpec | str,
     machine: Machine | str,
@@ -306,9 +317,7 @@ def place(
 
         model = resolve_model(model)
     if not isinstance(machine, Machine):
-        from ..hardware.resolve import resolve_machine
-
-        machine = resolve_machine(machine)
+        machine = _catalog_machine(machine)
     if order not in ORDERS:
         raise InvalidValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     if order == "lesson":
