@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import InvalidValueError, check_positive
 from ..models.spec import ModelSpec
 from ..perf.speed import SpeedModel, check_kv_room, decode_step_time, prefill_time
-from ..perf.trace import NVME_GBPS, Step, check_contexts, check_phase, decode_steps, load_steps, prefill_steps, total_s
+from ..perf.trace import NVME_GBPS, Step, check_contexts, check_phase, decode_steps, device_labels, load_steps, prefill_steps, total_s
 from .report import Figure, Report
 from .setup import Setup, configure
 
@@ -108,14 +108,15 @@ def load_trace(setup: Setup, *, disk_gbps: float = NVME_GBPS) -> TraceReport:
     first = list(load_steps(p, m, disk_gbps=disk_gbps, page_cache=False, speed=setup.speed, header_bytes=hdr))
     second = list(load_steps(p, m, disk_gbps=disk_gbps, page_cache=True, speed=setup.speed, header_bytes=hdr))
     notes = []
-    for d in p.gpus:
+    for d, label in zip(p.gpus, device_labels(p)[1:]):
         if d.total_bytes > d.capacity_bytes:  # the allocation itself fails: the load stops there
-            fail = Step(f"allocation fails on {d.name}", d.name, d.total_bytes, 0.0, 0.0, "none",
+            fail = Step(f"allocation fails on {label}", label, d.total_bytes, 0.0, 0.0, "none",
                         f"needs {d.total_bytes / 1e9:.2f} GB of its {d.capacity_bytes / 1e9:.2f} GB: llama.cpp exits "
                         "(failed to allocate buffer); lower -ngl or -c, or let --fit choose")
             weights_too = d.weights_bytes > d.capacity_bytes  # the weight buffers fail before anything is copied
-            first = _cut_at_allocation(first, d.name, weights_too) + [fail]
-            second = _cut_at_allocation(second, d.name, weights_too) + [fail]
+            first = _cut_at_allocation(first, label, weights_too) + [fail]
+            second = _cut_at_allocation(second, label, weights_too) + [fail]
+            break  # llama.cpp stops at the first allocation that fails
     host = p.cpu
     if not m.unified and host.total_bytes > host.capacity_bytes:
         notes.append(f"host RAM holds {host.capacity_bytes / 1e9:.1f} GB but the CPU side needs {host.total_bytes / 1e9:.1f} GB: "
@@ -156,6 +157,8 @@ def decode_trace(setup: Setup, context: int | None = None, batch: int = 1, *, co
     cache, at most 4096), and the decode curve at ``contexts`` for each of ``kv_types`` (default:
     the configured type and q8_0, or f16 when q8_0 is configured). ``configure_args``: how the setup
     was made, to place the other KV types the same way (without it the curve has the configured type only)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InvalidValueError(f"batch must be an integer >= 1 sequences, got {batch!r}")
     p = setup.placement
     ctx = context if context is not None else min(p.n_ctx // (2 * batch), DEFAULT_DECODE_CONTEXT_MAX)  # half a sequence's share
     check_kv_room(p, ctx, batch)

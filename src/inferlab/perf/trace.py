@@ -51,6 +51,16 @@ def total_s(steps) -> float:
     return math.fsum(st.s for st in steps)
 
 
+def device_labels(placement: Placement) -> tuple[str, ...]:
+    """A distinct name per device of the placement, host first: a GPU's name, numbered when the
+    machine has several of the same kind ("RTX 3090 #0", "RTX 3090 #1")."""
+    names = [d.name for d in placement.devices]
+    out = [names[0]]
+    for i, n in enumerate(names[1:]):
+        out.append(f"{n} #{i}" if names[1:].count(n) > 1 else n)
+    return tuple(out)
+
+
 # ---------------------------------------------------------------- load
 
 
@@ -76,28 +86,29 @@ def load_steps(placement: Placement, machine: Machine, *, disk_gbps: float = NVM
                   + ("; this launch finds them in the OS page cache" if page_cache else ""))]
     # a copy reads the file (drive, or the page cache at RAM speed) and crosses the link
     src_bps = machine.ram.bandwidth_bytes_per_s * speed.eta(machine.ram) if page_cache else disk_bps
-    for g in placement.gpus:
+    labels = device_labels(placement)
+    for g, label in zip(placement.gpus, labels[1:]):
         if not g.weights_bytes:
             continue
         what = f"{g.n_blocks} blocks" + (" + output head" if g.has_output else "")
         if machine.unified:
-            steps.append(Step(f"map {what} into {g.name}'s buffers", g.name, 0.0, 0.0, 0.0, "none",
+            steps.append(Step(f"map {what} into {label}'s buffers", label, 0.0, 0.0, 0.0, "none",
                               "unified memory: the GPU reads the mapped pages in place, nothing is copied"))
             continue
         link_bps = machine.pcie_gbs * 1e9 * speed.pcie_eff
         rate = min(src_bps, link_bps)  # bounded by the slower of the source and the link
         bound = "link" if link_bps <= src_bps else "disk"
-        steps.append(Step(f"copy {what} to {g.name}", "PCIe", g.weights_bytes, 0.0, g.weights_bytes / rate, bound,
+        steps.append(Step(f"copy {what} to {label}", "PCIe", g.weights_bytes, 0.0, g.weights_bytes / rate, bound,
                           ("read from the page cache" if page_cache else f"read from the drive at {disk_gbps:g} GB/s")
                           + f", copied over PCIe at {speed.pcie_eff:g} x {machine.pcie_gbs:g} GB/s"))
     hw = [machine.ram, *machine.gpus]
-    for d, dev in zip(placement.devices, hw):
+    for d, dev, label in zip(placement.devices, hw, labels):
         if d.kv_bytes:
             bw = dev.bandwidth_bytes_per_s * speed.eta(dev)
-            steps.append(Step("allocate and clear the KV cache", d.name, d.kv_bytes, 0.0, d.kv_bytes / bw, "memory",
+            steps.append(Step("allocate and clear the KV cache", label, d.kv_bytes, 0.0, d.kv_bytes / bw, "memory",
                               f"{placement.n_ctx} cells x {placement.kv_type} for {d.n_blocks} blocks, reserved up front and zeroed"))
         if d.compute_bytes:
-            steps.append(Step("reserve compute buffers", d.name, d.compute_bytes, 0.0, 0.0, "none",
+            steps.append(Step("reserve compute buffers", label, d.compute_bytes, 0.0, 0.0, "none",
                               "activations of one micro-batch (allocated, not written)"))
     # the warm-up pass touches every weight: what no GPU copied is read from the mapping now
     embd = _token_embd_bytes(placement)
@@ -125,7 +136,7 @@ def decode_steps(placement: Placement, machine: Machine, context: int, batch: in
     or their FLOPs (compute-bound)."""
     d = decode_step_time(placement, machine, context, batch, speed)
     steps = []
-    for du, p in zip(placement.devices, d["per_device"]):
+    for du, p, where in zip(placement.devices, d["per_device"], device_labels(placement)):
         if not p["s"]:
             continue
         w_flops = batch * du.flops_per_token  # 2 FLOPs per weight touched, every sequence
@@ -136,13 +147,13 @@ def decode_steps(placement: Placement, machine: Machine, context: int, batch: in
         else:
             share = p["weights_bytes"] / p["bytes"] if p["bytes"] else 1.0
         w_s = body * share
-        steps.append(Step("read weights", p["device"], p["weights_bytes"], w_flops, w_s, p["bound"],
+        steps.append(Step("read weights", where, p["weights_bytes"], w_flops, w_s, p["bound"],
                           f"{du.n_blocks} blocks" + (" + output head" if du.has_output else "") + ", read once for the batch"))
         if p["kv_bytes"] or a_flops:
-            steps.append(Step("read KV cache", p["device"], p["kv_bytes"], a_flops, body - w_s, p["bound"],
+            steps.append(Step("read KV cache", where, p["kv_bytes"], a_flops, body - w_s, p["bound"],
                               f"{batch} x {context} cached tokens, every sequence its own"))
         if p["overhead_s"]:
-            steps.append(Step("per-block cost", p["device"], 0.0, 0.0, p["overhead_s"], "overhead",
+            steps.append(Step("per-block cost", where, 0.0, 0.0, p["overhead_s"], "overhead",
                               f"{du.n_blocks} blocks x kernel launches, graph and synchronisation"))
     return tuple(steps)
 
@@ -178,19 +189,21 @@ def prefill_steps(placement: Placement, machine: Machine, n_tokens: int, speed: 
                 fl -= (n - (1 if k == n_ub - 1 else 0)) * head  # logits for the prompt's last token only
             per_ub.append(fl)
         rows.append(per_ub)
+    labels = device_labels(placement)
     for k, (a, b) in enumerate(bounds):
-        for du, p, per_ub in zip(placement.devices, f["per_device"], rows):
+        for i, (du, p, per_ub) in enumerate(zip(placement.devices, f["per_device"], rows)):
             if per_ub is None:
                 continue
-            runs_on = p["where"]
+            own = labels[i]
+            runs_on = own if p["where"] == du.name else labels[1]  # op offload runs a CPU layer on the first GPU
             tot = math.fsum(per_ub)
             if p["transfer_s"] and (speed.op_offload_transfers_per_ubatch or k == 0):
                 moved = du.dense_read_bytes + du.expert_bytes
                 t = p["transfer_s"] / n_ub if speed.op_offload_transfers_per_ubatch else p["transfer_s"]
-                steps.append(Step(f"op offload: copy {du.name}'s layers to {runs_on}", "PCIe", moved, 0.0, t, "link",
+                steps.append(Step(f"op offload: copy {own}'s layers to {runs_on}", "PCIe", moved, 0.0, t, "link",
                                   f"micro-batch of {b - a} tokens >= {OP_OFFLOAD_MIN_BATCH}: the CPU layers' matmuls run on the GPU", k))
             comp = p["compute_s"] * (per_ub[k] / tot if tot else 1.0 / n_ub)
-            steps.append(Step("matmuls" if runs_on == du.name else f"matmuls of {du.name}'s layers", runs_on, 0.0, per_ub[k], comp, "compute",
+            steps.append(Step("matmuls" if runs_on == own else f"matmuls of {own}'s layers", runs_on, 0.0, per_ub[k], comp, "compute",
                               f"tokens {a}-{b - 1}: {du.n_blocks} blocks" + (" + output head" if du.has_output else ""), k))
             over = p["s"] - p["compute_s"] - p["transfer_s"]  # the per-block cost of every micro-batch
             if over > 0:
