@@ -30,8 +30,9 @@ def compare(capacity_tokens: int = 384, requests=None, time_model=None) -> dict[
     """Run one workload (default: the seed's chat) through the three managers at one capacity.
 
     Returns ``{"slots": run, "paged": run, "radix": run}``. Each manager runs with its engine's
-    defaults except one documented choice for llama.cpp: ``cache_ram_mib=0`` (no host-RAM
-    prompt cache), the seed's "reuse only what is still in the slot a request lands in".
+    defaults except two documented choices for llama.cpp: ``cache_ram_mib=0`` (no host-RAM
+    prompt cache), the seed's "reuse only what is still in the slot a request lands in", and
+    ``ctx_pad=1``: exactly ``capacity_tokens`` cells (llama-server pads ``-c`` to 256: 384 -> 512).
 
     The seed's workload, as read here (``inferlab.kv.workloads.seed_chat``): a 48-token system
     prompt; four users whose first message is 12 tokens, answered by a 16-token reply; the second
@@ -60,7 +61,7 @@ def compare(capacity_tokens: int = 384, requests=None, time_model=None) -> dict[
         requests = seed_chat()
     requests = list(requests)
     managers = {
-        "slots": SlotManager(capacity_tokens=capacity_tokens, cache_ram_mib=0),
+        "slots": SlotManager(capacity_tokens=capacity_tokens, cache_ram_mib=0, ctx_pad=1),
         "paged": PagedManager(capacity_tokens=capacity_tokens),
         "radix": RadixManager(capacity_tokens=capacity_tokens),
     }
