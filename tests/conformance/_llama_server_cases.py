@@ -1,0 +1,97 @@
+"""The workloads run on a real llama-server and on SlotManager (see _llama_server.py).
+
+Each sequential case is one server configuration and a list of requests sent one at a time;
+the comment of each says which rule of llama.cpp's server it exercises (docs/engines/llamacpp.md).
+Prompts are pseudo-random token ids (``seg(seed, n)``); ("reply", k) / ("prompt", k) repeat
+request k's reply / prompt, so later turns continue earlier conversations.
+"""
+
+from __future__ import annotations
+
+from _llama_server import Case, Turn
+from _llama_server import segment as seg
+
+
+def R(k):  # request k's reply
+    return ("reply", k)
+
+
+def P(k):  # request k's prompt
+    return ("prompt", k)
+
+
+def T(*parts, n=3):
+    return Turn(tuple(parts), n)
+
+
+SEQUENTIAL = [
+    Case("unified-np4", ("-np", "4", "--kv-unified", "-c", "1024", "--cache-ram", "0"),
+         dict(capacity_tokens=1024, n_parallel=4, kv_unified=True, cache_ram_mib=0),
+         (T(seg(1, 30), seg(2, 20), n=4),          # fresh server: the highest slot (3)
+          T(seg(3, 40)),                           # next never-used slot (2)
+          T(P(0), R(0), seg(4, 10)),               # continues 0: similarity picks its slot
+          T(seg(1, 30), seg(5, 15), n=2),          # shares 0's system prompt: same slot, keeps 30
+          T(P(1)),                                 # repeats 1: all but the last token
+          T(seg(6, 20)), T(seg(7, 20)),            # unrelated: LRU, last of ties
+          T(seg(8, 25)), T(P(1), R(4), seg(9, 5))),
+         "per-slot reuse, last-token rule, similarity vs LRU (highest id among never-used slots)"),
+    Case("unified-overflow", ("-np", "3", "--kv-unified", "-c", "512", "--cache-ram", "0"),
+         dict(capacity_tokens=512, n_parallel=3, kv_unified=True, cache_ram_mib=0),
+         (T(seg(11, 200), n=2), T(seg(12, 200), n=2),
+          T(seg(13, 150), n=2),                    # 110 cells free < 150: purge the first idle slot by id
+          T(P(0), seg(14, 10), n=2),               # slot of request 0 survived
+          T(P(1), n=2),                            # 1's slot was purged; another purge for room
+          T(P(0), seg(14, 10), seg(15, 5), n=2),
+          T(seg(16, 300), n=20)),                  # a long one: purges until it fits
+         "unified buffer full: try_clear_idle_slots purges by id"),
+    Case("split-np3", ("-np", "3", "-c", "1000", "--cache-ram", "0"),
+         dict(capacity_tokens=1000, n_parallel=3, cache_ram_mib=0),
+         (T(seg(21, 400), n=3),                    # > 1000 // 3: runs, slots are pad256(341) = 512
+          T(seg(22, 511), n=4),                    # 511 + 1 >= 512: one token, truncated
+          T(seg(23, 600), n=2),                    # >= 512: fails after taking (and stamping) a slot
+          T(seg(24, 50), n=2),                     # LRU sees the failed slot as recently used
+          T(seg(25, 480), n=40),                   # stops at the slot context: 32 tokens
+          T(P(0), R(0), seg(26, 8), n=2)),
+         "split KV sizes, rejection in update_slots, truncation at the slot context"),
+    Case("ram-1mib", ("-np", "1", "-c", "1024", "--cache-ram", "1"),
+         dict(capacity_tokens=1024, n_parallel=1, cache_ram_mib=1),
+         (T(seg(31, 100), n=2), T(seg(32, 120), n=2),
+          T(seg(33, 300), n=2),                    # its state (301 x 4,108 B + 112) > 1 MiB: never saved
+          T(seg(34, 50), n=2),                     # saving 50 evicts the oldest (request 0)
+          T(P(1), seg(35, 20), n=2),               # request 1's state is loaded from RAM
+          T(P(0), seg(35, 20), n=2),               # request 0's was evicted
+          T(P(2), n=2)),
+         "RAM cache: whole-state entry sizes, oversize skip, oldest-first eviction, load"),
+    Case("ram-idle-unified", ("-np", "2", "--kv-unified", "-c", "1024", "--cache-ram", "8"),
+         dict(capacity_tokens=1024, n_parallel=2, kv_unified=True, cache_ram_mib=8),
+         (T(seg(41, 100)), T(seg(42, 100)),
+          T(P(0), R(0), seg(43, 10)),              # 0's slot was cleared when 1 launched: from RAM
+          T(P(1), R(1), seg(44, 10)),
+          T(P(2), R(2), seg(45, 6)), T(seg(46, 60)), T(P(3), n=2)),
+         "--cache-idle-slots with unified KV: idle slots saved to RAM and cleared at each launch"),
+    Case("noidle-unified", ("-np", "2", "--kv-unified", "-c", "1024", "--cache-ram", "8", "--no-cache-idle-slots"),
+         dict(capacity_tokens=1024, n_parallel=2, kv_unified=True, cache_ram_mib=8, cache_idle_slots=False),
+         (T(seg(41, 100)), T(seg(42, 100)),
+          T(P(0), R(0), seg(43, 10)), T(P(1), R(1), seg(44, 10)),
+          T(seg(46, 60)),                          # LRU: the slot is saved to RAM first
+          T(P(2), R(2), seg(45, 6)), T(P(3), n=2)),
+         "idle slots keep their KV; LRU choice saves to and loads from RAM"),
+    Case("cache-reuse", ("-np", "1", "-c", "1024", "--cache-ram", "0", "--cache-reuse", "8"),
+         dict(capacity_tokens=1024, n_parallel=1, cache_ram_mib=0, cache_reuse=8),
+         (T(seg(51, 20), seg(52, 10), seg(53, 40), n=2),
+          T(seg(51, 20), seg(53, 40), seg(54, 5), n=2),   # Y dropped: X (40) shifted into place
+          T(P(1), seg(55, 4), n=2),
+          T(seg(53, 40), seg(51, 20), n=2),               # X first: the chunk found after a skip
+          T(seg(51, 20), seg(54, 5), seg(56, 30), n=2),   # a 5-token chunk is under the minimum
+          T(seg(57, 7), seg(51, 20), seg(54, 5), n=2)),
+         "--cache-reuse chunk shifting"),
+    Case("no-cache-prompt", ("-np", "2", "-c", "1024", "--cache-ram", "0", "--no-cache-prompt"),
+         dict(capacity_tokens=1024, n_parallel=2, cache_ram_mib=0, cache_prompt=False),
+         (T(seg(61, 50)), T(P(0), R(0), seg(62, 5)), T(seg(63, 40)), T(P(2), n=2)),
+         "cache_prompt off: nothing reused, slots still chosen by similarity"),
+    Case("sps-0-ram", ("-np", "2", "-c", "1024", "--cache-ram", "8", "-sps", "0"),
+         dict(capacity_tokens=1024, n_parallel=2, cache_ram_mib=8, slot_prompt_similarity=0.0),
+         (T(seg(71, 80)), T(seg(72, 80)), T(P(0), R(0), seg(73, 5)), T(P(1), R(1), seg(74, 5)),
+          T(seg(75, 30)), T(P(2), n=2)),
+         "--slot-prompt-similarity 0: always LRU, the RAM cache restores conversations"),
+]
