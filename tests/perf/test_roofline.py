@@ -104,3 +104,25 @@ def test_roofline_report_refuses_batches_beyond_the_cache_and_is_strict_json():
 def test_bad_roofline_input_is_a_typed_error(kw):
     with pytest.raises(InvalidValueError):
         roofline("rtx4090", "llama-3.1-8b", **kw)
+
+
+def test_the_lessons_try_this_answers():
+    # 1. RTX 3060 (25.5 TFLOP/s, 360 GB/s: ridge 70.83 FLOP/byte), Llama 3.1 8B Q4_K_M at 4.894 bpw
+    #    (the lesson's 4.89): the weights stop being the bottleneck at 70.83 x 4.894 / 16 = 21.7 streams
+    r = roofline("rtx3060", "llama-3.1-8b", quant="Q4_K_M", n_ctx=8192)
+    assert r.ridge_flop_per_byte == pytest.approx(70.833, abs=1e-3)
+    assert r.bits_per_weight == pytest.approx(4.89, abs=0.01) and r.ridge_batch == pytest.approx(21.7, abs=0.05)
+    # 2. F16 -> Q4_K_M at batch 1: the intensity rises 16 / 4.894 = 3.27x ("3.3x")
+    f16 = roofline("rtx3060", "llama-3.1-8b", quant="F16", n_ctx=8192)
+    b1 = lambda rep: next(p for p in rep.points if p.op == "weights" and p.phase == "decode" and p.batch == 1)
+    assert b1(r).intensity_flop_per_byte / b1(f16).intensity_flop_per_byte == pytest.approx(3.27, abs=0.01)
+    # 3. M4 Max (16.2 TFLOP/s, 546 GB/s: 29.7 FLOP/byte) against the RTX 4090 (163.9): batches turn
+    #    compute-bound sooner on the Mac
+    m4, g4 = roofline("m4max"), roofline("rtx4090")
+    assert m4.ridge_flop_per_byte == pytest.approx(29.67, abs=0.01) and m4.ridge_batch < g4.ridge_batch / 5
+
+
+def test_a_preset_without_a_model_has_no_single_bits_per_weight():
+    with pytest.raises(InvalidValueError, match="preset"):
+        roofline("rtx4090", quant="Q4_K_M")
+    assert roofline("rtx4090", quant="Q8_0").bits_per_weight == 8.5

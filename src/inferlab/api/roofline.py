@@ -141,10 +141,14 @@ def roofline(machine: Any, model: Any = None, *, quant: Any = None, kv_type: str
 def _bpw_of(quant) -> float:
     if quant is None:
         return DEFAULT_BPW
-    from ..quant.types import ggml_type
+    from ..quant.presets import preset_aliases, presets
+    from ..quant.types import ggml_type, ggml_types
 
-    name = quant.split(":", 1)[1] if isinstance(quant, str) and quant.startswith("type:") else quant
-    return ggml_type(str(name).upper()).bits_per_weight
+    name = str(quant.split(":", 1)[1] if isinstance(quant, str) and quant.startswith("type:") else quant).upper()
+    if name not in ggml_types() and name in {k.upper() for k in (*presets(), *preset_aliases())}:
+        raise InvalidValueError(f"{quant!r} is a llama-quantize preset, a mix whose bits per weight depend on the model: "
+                                f"pass --model, or a GGML type such as {name.split('_')[0] + '_K' if '_K' in name else 'Q4_K'}")
+    return ggml_type(name).bits_per_weight
 
 
 def _throughput(setup, batches, context) -> tuple[tuple[ThroughputPoint, ...], tuple[RefusedPoint, ...]]:

@@ -56,6 +56,23 @@ def save(fig, path: str | os.PathLike) -> Path:
         plt.close(fig)
 
 
+def image_bytes(fig, fmt: str = "svg") -> bytes:
+    """The figure as PNG or SVG bytes (for a web page), closed afterwards."""
+    import io
+
+    from ..errors import UnknownNameError
+
+    if fmt not in FORMATS:
+        raise UnknownNameError("plot format", fmt, FORMATS)
+    plt = pyplot()
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=fmt, dpi=DPI)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
 # the colours of the bounds, shared by every plot
 BOUND_COLORS = {"memory": "#1f77b4", "compute": "#2ca02c", "link": "#d62728", "disk": "#9467bd", "cpu-kernels": "#ff7f0e",
                 "overhead": "#7f7f7f", "none": "#c7c7c7"}
