@@ -41,7 +41,11 @@ def test_catalog_id():
 def test_gguf_folder_and_config_paths(kit, tmp_path):
     spec = kit.spec_for("qwen3")
     g = kit.write_spec_gguf(spec, tmp_path / "q.gguf")
-    assert _same_model(load_model(str(g)), spec) and load_model(g).tensors is not None
+    assert _same_model(load_model(str(g)), spec)
+    # the file's own tensor table comes with it: every tensor the writer put there, by name and shape
+    from inferlab.models.inventory import tensor_inventory
+
+    assert {(t.name, tuple(t.shape)) for t in load_model(g).tensors} == {(t.name, tuple(t.shape)) for t in tensor_inventory(spec)}
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(kit.HF_CONFIGS["qwen3"]))
