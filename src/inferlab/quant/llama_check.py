@@ -284,3 +284,50 @@ def plan_differences(spec: ModelSpec, quant, llama: Mapping[str, str | tuple[str
     with_bytes = any(isinstance(v, tuple) for v in llama.values())
     planned = {e.name: ((e.ggml_type, e.n_bytes) if with_bytes else e.ggml_type) for e in tensor_plan(spec, q)}
     return {n: (planned.get(n), llama.get(n)) for n in sorted(set(planned) | set(llama)) if planned.get(n) != llama.get(n)}
+
+
+# --- many real quantizations, in parallel ---------------------------------------------------------
+
+def _run_cases(cases: list, workdir: str) -> list:
+    """One worker: quantize each (key, spec, preset, imatrix) case; source files written once per spec."""
+    sources: dict[ModelSpec, Path] = {}
+    out = []
+    for key, spec, q, imatrix in cases:
+        if spec not in sources:
+            sources[spec] = write_skeleton(spec, Path(workdir) / f"src-{os.getpid()}-{len(sources)}.gguf", data="random",
+                                           seed=len(sources))
+        dst = Path(workdir) / f"q-{os.getpid()}.gguf"
+        try:
+            out.append((key, quantize(sources[spec], dst, q, imatrix=uniform_imatrix(spec) if imatrix else None, n_threads=1)))
+        except FileFormatError as exc:
+            out.append((key, exc))
+        finally:
+            dst.unlink(missing_ok=True)
+    for p in sources.values():
+        p.unlink(missing_ok=True)
+    return out
+
+
+def quantize_cases(cases: Mapping[object, tuple], workdir: str | os.PathLike, *, n_workers: int = 2,
+                   spread=None) -> dict[object, dict[str, tuple[str, int]] | FileFormatError]:
+    """Real quantizations of small models, key -> (spec, quant, imatrix: bool), in ``n_workers``
+    processes (each quantizes with one thread: IQ1/IQ2/IQ3 grids are built once per process, single
+    threaded, so whole processes share the cores better). Returns key -> the written file's
+    {tensor: (type, bytes)}, or the FileFormatError llama.cpp's refusal raised.
+
+    spread(key, quant) -> worker index: which worker takes a case (default: round robin); give the
+    presets that build the same grid to the same worker.
+    """
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    groups: list[list] = [[] for _ in range(max(1, n_workers))]
+    for i, (key, (spec, quant, imatrix)) in enumerate(cases.items()):
+        q = _preset(quant)
+        w = (spread(key, q) if spread else i) % len(groups)
+        groups[w].append((key, spec, q, bool(imatrix)))
+    if len(groups) == 1:
+        return dict(_run_cases(groups[0], str(workdir)))
+    with ProcessPoolExecutor(len(groups), mp_context=mp.get_context("spawn")) as pool:
+        results = pool.map(_run_cases, groups, [str(workdir)] * len(groups))
+        return {k: v for part in results for k, v in part}
