@@ -172,3 +172,21 @@ def test_decode_beyond_the_allocated_cache_is_refused_with_the_numbers():
         trace("decode", "llama-3.1-8b", "rtx4090", n_ctx=8192, contexts=[0, 9000])
     with pytest.raises(InvalidValueError, match="do not fit in the KV cache"):
         trace("prefill", "llama-3.1-8b", "rtx4090", n_ctx=4096, n_tokens=5000)
+
+
+def test_load_of_a_real_gguf_reads_its_header_bytes(tmp_path):
+    pytest.importorskip("gguf")
+    import os
+
+    from _toy import DENSE
+    from inferlab.models.gguf_writer import write_gguf
+
+    path = tmp_path / "toy.gguf"
+    write_gguf(DENSE, path, "F16")
+    r = trace("load", str(path), "rtx4090")
+    head = r.steps[0]
+    # the header and tensor table are the file's bytes before its (aligned) tensor data
+    tensor_bytes = sum(t.n_bytes for t in configure(str(path), "rtx4090").spec.tensors)
+    assert head.name == "read header" and head.bytes_moved == os.path.getsize(path) - tensor_bytes > 0
+    assert head.s == pytest.approx(head.bytes_moved / 3.5e9)
+    assert r.second_launch[0].s == 0.0  # in the page cache
