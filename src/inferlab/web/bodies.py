@@ -45,17 +45,31 @@ class FitBody(Configuration):
     n_prompt: int = Field(512, ge=1, le=1 << 20)
 
 
-class CurveBody(Configuration):
-    """Decode speed as the context grows (figure 2)."""
+class LoadBody(Configuration):
+    """Figure 1: the load of one configuration."""
 
-    # cached tokens at which to report a decode step; None: 0 and powers of two up to the context
-    contexts: list[Annotated[int, Field(ge=0, le=MAX_CONTEXT_TOKENS)]] | None = Field(None, min_length=1, max_length=64)
+    disk_gbps: float = Field(3.5, gt=0, le=1000)
+
+
+class PhasesBody(Configuration):
+    """Figure 3: a prompt's prefill, then one decode step."""
+
+    n_prompt: int = Field(2000, ge=1, le=1 << 17)
+    context: int | None = Field(None, ge=0, le=MAX_CONTEXT_TOKENS)
+
+
+class DecodeBody(Configuration):
+    """Figure 2: one decode step at ``context`` cached tokens and the curve as the context grows."""
+
+    context: int | None = Field(None, ge=0, le=MAX_CONTEXT_TOKENS)
     batch: int = Field(1, ge=1, le=4096)
 
 
 class RooflineBody(Configuration):
+    """Figure 4: the device's roofline with the model's decode and prefill on it."""
+
     batch: int = Field(1, ge=1, le=4096)
-    n_prompt: int = Field(512, ge=1, le=1 << 20)
+    context: int = Field(512, ge=0, le=1 << 20)
 
 
 class SimBody(_Body):

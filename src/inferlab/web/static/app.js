@@ -54,7 +54,7 @@ function num(value, text, prov, testid) {
     "data-prov": provText(prov), "data-testid": testid, "aria-label": `${text}. ${provText(prov)}` }, text);
 }
 
-function stat(label, node) { return el("div", { class: "stat" }, el("span", { class: "label" }, label), node); }
+function stat(label, node, wide) { return el("div", { class: `stat${wide ? " wide" : ""}` }, el("span", { class: "label" }, label), node); }
 
 function setupTooltip() {
   const tip = $("#tip");
@@ -100,6 +100,7 @@ function logTicks(lo, hi) {
 function tickLabel(v) {
   if (v === 0) return "0";
   const a = Math.abs(v);
+  if (a < 1) return String(Number(v.toPrecision(2)));
   if (a >= 1e6) return `${v / 1e6}M`;
   if (a >= 1e3) return `${v / 1e3}k`;
   return String(Number(v.toPrecision(3)));
@@ -107,7 +108,7 @@ function tickLabel(v) {
 
 // spec: {title, x:{label, log, min, max}, y:{...}, series:[{name, color, points:[[x,y]], dash}], vlines, bands, marks}
 function chart(spec) {
-  const W = spec.width || 720, H = spec.height || 250, m = { l: 62, r: 16, t: 14, b: 44 };
+  const W = spec.width || Math.max(320, Math.min(720, document.documentElement.clientWidth - 48)), H = spec.height || 250, m = { l: 62, r: 16, t: 26, b: 44 };
   const all = spec.series.flatMap((s) => s.points).concat((spec.marks || []).map((p) => [p.x, p.y]));
   const xs = all.map((p) => p[0]).filter((v) => v != null), ys = all.map((p) => p[1]).filter((v) => v != null);
   const ax = (a, vals) => {
@@ -147,16 +148,18 @@ function chart(spec) {
     root.append(svg("line", { x1: px(v.x), x2: px(v.x), y1: m.t, y2: H - m.b, stroke: v.color, "stroke-width": 1.5, "stroke-dasharray": "4 3" }));
     root.append(svg("text", { x: px(v.x) + 4, y: m.t + 28, style: `fill:${v.color}` }, v.label));
   }
-  for (const p of spec.marks || []) {
-    if (p.x == null || p.y == null) continue;
+  (spec.marks || []).forEach((p, k) => {
+    if (p.x == null || p.y == null) return;
     root.append(svg("circle", { cx: px(p.x), cy: py(p.y), r: 5, fill: p.color, stroke: "#fff", "stroke-width": 1.5 }));
-    root.append(svg("text", { x: px(p.x) + 8, y: py(p.y) - 8, style: `fill:${p.color};font-weight:600` }, p.label));
-  }
+    const below = k % 2 === 1, right = px(p.x) < W - 200;
+    root.append(svg("text", { x: px(p.x) + (right ? 8 : -8), y: py(p.y) + (below ? 18 : -9), "text-anchor": right ? "start" : "end",
+      style: `fill:${p.color};font-weight:600` }, p.label));
+  });
   const legend = spec.series.filter((s) => s.name);
   legend.forEach((s, i) => {
     const x = m.l + 10 + i * 170;
-    root.append(svg("line", { x1: x, x2: x + 18, y1: m.t + 6, y2: m.t + 6, stroke: s.color, "stroke-width": 3, "stroke-dasharray": s.dash }));
-    root.append(svg("text", { x: x + 22, y: m.t + 10 }, s.name));
+    root.append(svg("line", { x1: x, x2: x + 18, y1: 10, y2: 10, stroke: s.color, "stroke-width": 3, "stroke-dasharray": s.dash }));
+    root.append(svg("text", { x: x + 22, y: 14 }, s.name));
   });
   return root;
 }
@@ -326,39 +329,95 @@ function cmdLine(c) {
   return el("div", { class: "cmd" }, el("pre", {}, el("code", {}, text)), btn);
 }
 
+// ---------------------------------------------------------------- figure 1: loading step by step
+const TIER_STATE = { empty: "not yet", mapped: "mapped (addressable, not read)", resident: "resident", allocated: "allocated", failed: "allocation fails" };
+function setupLoad() {
+  const section = $("#fig-load"), form = $("form", section), out = $("[data-out=load]", section);
+  populate(form, {});
+  scenarioControl(form, "partial");
+  const label = $("[data-testid=load-step-label]", section);
+  let step = 0, last = null;
+  const draw = () => {
+    if (!last) return;
+    const r = last, tr = r.trace, steps = tr.steps, n = steps.length;
+    step = Math.min(step, n - 1);
+    const st = steps[step], prov = r.provenance;
+    label.textContent = `Step ${step + 1} of ${n}: ${st.name}`;
+    const list = el("ol", { class: "steps" }, steps.map((x, i) => el("li", { class: i < step ? "done" : i === step ? "current" : "" },
+      `${x.name} · ${x.where}`, x.bytes_moved ? el("span", {}, " · ", num(x.bytes_moved, fmt.gb(x.bytes_moved), prov.steps)) : null,
+      " · ", num(x.s, fmt.s(x.s), prov.steps, i === step ? "load-step-s" : null))));
+    const detail = el("p", {}, el("strong", {}, st.name), `: ${st.detail}`);
+    const tiers = r.tiers[step];
+    const bars = r.fit.devices.map((d, i) => {
+      const t = tiers[i], cap = d.capacity_bytes;
+      const seg = (cls, bytes, state, name) => el("div", { class: `seg ${cls}${d.kind === "cpu" ? " cpu" : ""}`,
+        title: `${name}: ${fmt.gb(bytes)} (${TIER_STATE[state]})`,
+        style: `width:${Math.min(100, (100 * bytes) / cap)}%;opacity:${state === "empty" ? 0 : state === "mapped" ? 0.35 : 1}` });
+      return el("div", { class: "membar", "data-testid": `load-tier-${i}` },
+        el("div", { class: "title" }, el("span", {}, el("strong", {}, d.kind === "cpu" ? `${r.labels[i]} (RAM)` : `${r.labels[i]} (${CATALOG_unified() ? "unified" : "VRAM"})`)),
+          el("span", {}, `weights ${TIER_STATE[t.weights]} · KV ${TIER_STATE[t.kv]} · buffers ${TIER_STATE[t.buffers]}`)),
+        el("div", { class: `track${t.weights === "failed" ? " over" : ""}`, role: "img", "aria-label": `${r.labels[i]}: weights ${TIER_STATE[t.weights]}, KV ${TIER_STATE[t.kv]}, buffers ${TIER_STATE[t.buffers]}` },
+          seg("w", d.weights_bytes, t.weights, "weights"), seg("k", d.kv_bytes, t.kv, "KV cache"), seg("b", d.compute_bytes, t.buffers, "compute buffers")),
+        el("div", { class: "legend" }, `of `, num(cap, fmt.gb(cap), prov["devices.capacity_bytes"]), ": weights ", num(d.weights_bytes, fmt.gb(d.weights_bytes), prov["devices.weights_bytes"]),
+          " · KV ", num(d.kv_bytes, fmt.gb(d.kv_bytes), prov["devices.kv_bytes"]), " · buffers ", num(d.compute_bytes, fmt.gb(d.compute_bytes), prov["devices.compute_bytes"])));
+    });
+    const totals = el("div", { class: "stats" },
+      stat("first launch (file from the drive)", tr.total_s == null ? "—" : num(tr.total_s, fmt.s(tr.total_s), prov.steps, "load-total-s")),
+      stat("second launch (file in the page cache)", tr.second_launch_s == null ? "—" : num(tr.second_launch_s, fmt.s(tr.second_launch_s), prov.steps, "load-second-s")),
+      stat("configuration", el("span", {}, `${tr.model} · ${tr.quant} · -ngl ${tr.n_gpu_layers} · -c ${fmt.int(tr.n_ctx)}`), true));
+    const verdict = tr.fits ? null : el("div", { class: "verdict nofit" }, `Does not fit: ${tr.reason}`);
+    put(out, verdict, totals, detail, bars, list, tr.notes.length ? el("ul", {}, tr.notes.map((x) => el("li", {}, x))) : null);
+  };
+  $("[data-act=prev]", section).addEventListener("click", () => { step = Math.max(0, step - 1); draw(); });
+  $("[data-act=next]", section).addEventListener("click", () => { step = step + 1; draw(); });
+  return wire(section, async () => {
+    const b = { model: form.elements.model.value, machine: form.elements.machine.value, quant: form.elements.quant.value, n_ctx: intOrNull(form.elements.n_ctx) };
+    const r = await api("/api/trace/load", b);
+    return () => { last = r; step = 0; CURRENT_MACHINE_UNIFIED = !!(CATALOG.machines.find((m) => m.id === b.machine) || {}).unified; draw(); };
+  });
+}
+
 // ---------------------------------------------------------------- figure 2: time per token
 function setupToken() {
   const section = $("#fig-token"), form = $("form", section), out = $("[data-out=token]", section);
   populate(form, { model: "llama-3.1-8b", machine: "rtx4090" });
+  form.elements.context.addEventListener("input", (e) => { e.target.dataset.touched = "1"; });
+  for (const n of ["model", "machine", "n_ctx", "batch"]) form.elements[n].addEventListener("change", () => { delete form.elements.context.dataset.touched; });
   return wire(section, async () => {
+    const ctxInput = form.elements.context;
     const b = { model: form.elements.model.value, machine: form.elements.machine.value, quant: form.elements.quant.value,
-      kv_type: form.elements.kv_type.value, n_ctx: intOrNull(form.elements.n_ctx), batch: intOrNull(form.elements.batch) };
-    const r = await api("/api/decode-curve", b);
+      kv_type: form.elements.kv_type.value, n_ctx: intOrNull(form.elements.n_ctx), batch: intOrNull(form.elements.batch),
+      context: ctxInput.dataset.touched ? Number(ctxInput.value) : null };
+    const r = await api("/api/trace/decode", b);
     return () => {
+      ctxInput.max = String(r.context_max);
+      if (!ctxInput.dataset.touched && r.context_tokens != null) ctxInput.value = String(r.context_tokens);
+      $("output[name=context_value]", form).textContent = fmt.tokens(r.context_tokens);
       if (!r.fits) { put(out, el("div", { class: "verdict nofit", "data-testid": "token-verdict" }, `Does not fit: ${r.reason}`)); return; }
-      const prov = r.provenance.points;
-      const pts = r.points;
-      const c = chart({ title: "Decode tokens per second against the context", x: { label: "cached tokens of context", min: 0 },
-        y: { label: "tok/s", min: 0 }, series: [{ name: "decode tok/s", color: "var(--gpu)", points: pts.map((p) => [p.context_tokens, p.tok_per_s]) }],
-        marks: [pts[0], pts[pts.length - 1]].map((p) => ({ x: p.context_tokens, y: p.tok_per_s, color: "var(--kv)", label: fmt.tok(p.tok_per_s) })) });
-      const rows = pts.map((p) => el("tr", {},
-        el("td", {}, fmt.tokens(p.context_tokens)),
-        p.per_device.map((d) => el("td", {}, num(d.weights_bytes, fmt.gb(d.weights_bytes), prov), " + ", num(d.kv_bytes, fmt.gb(d.kv_bytes), prov))),
-        el("td", {}, num(p.step_s, fmt.s(p.step_s), prov)),
-        el("td", {}, num(p.tok_per_s, fmt.tok(p.tok_per_s), prov, "token-tok-s"))));
-      const head = el("tr", {}, el("th", {}, "context"), pts[0].per_device.map((d) => el("th", {}, `${d.kind === "cpu" ? "CPU + RAM" : d.device}: weights + KV read`)),
-        el("th", {}, "step"), el("th", {}, "decode"));
-      const maxTot = Math.max(...pts.map((q) => q.read_bytes));
-      const barRows = pts.map((p) => {
-        const tot = p.read_bytes;
-        return el("div", { class: "membar" }, el("div", { class: "title" }, el("span", {}, fmt.tokens(p.context_tokens)), el("span", {}, `${fmt.gb(tot)} read per step`)),
-          el("div", { class: "track", role: "img", "aria-label": `${fmt.gb(tot)} read per step at ${fmt.tokens(p.context_tokens)}` },
-            p.per_device.flatMap((d) => [el("div", { class: `seg w${d.kind === "cpu" ? " cpu" : ""}`, style: `width:${(100 * d.weights_bytes) / maxTot}%` }),
-              el("div", { class: "seg k", style: `width:${(100 * d.kv_bytes) / maxTot}%` })])));
-      });
-      put(out, c, el("h3", {}, "Bytes one decode step reads"),
-        el("div", { class: "legend" }, el("span", {}, el("i", { class: "seg w" }), "weights (GPU)"), el("span", {}, el("i", { class: "seg w cpu" }), "weights (RAM)"), el("span", {}, el("i", { class: "seg k" }), "KV cache")),
-        barRows, el("div", { class: "tablewrap" }, el("table", { "data-testid": "token-table" }, el("thead", {}, head), el("tbody", {}, rows))));
+      const prov = r.provenance;
+      const kinds = [...new Set(r.curve.map((p) => p.kv_type))];
+      const colors = ["var(--gpu)", "var(--kv)", "var(--buf)"];
+      const c = chart({ title: "Decode tokens per second against the context, per KV-cache type", x: { label: "cached tokens of context", min: 0 },
+        y: { label: "tok/s", min: 0 },
+        series: kinds.map((k, i) => ({ name: `KV ${k}`, color: colors[i % 3], dash: i ? "6 4" : null, points: r.curve.filter((p) => p.kv_type === k).map((p) => [p.context_tokens, p.tok_per_s]) })),
+        vlines: [{ x: r.context_tokens, color: "var(--bad)", label: "this step" }],
+        marks: [{ x: r.context_tokens, y: r.tok_per_s, color: "var(--bad)", label: fmt.tok(r.tok_per_s) }] });
+      const maxS = r.total_s;
+      const stepRows = r.steps.map((x) => el("tr", {}, el("td", {}, x.where), el("td", {}, x.name), el("td", {}, num(x.bytes_moved, fmt.gb(x.bytes_moved), prov.bytes)),
+        el("td", {}, num(x.s, fmt.s(x.s), prov.steps)), el("td", {}, x.bound),
+        el("td", { style: "min-width:90px" }, el("div", { class: "track", style: "height:10px" }, el("div", { class: `seg ${x.name.includes("KV") ? "k" : x.bound === "overhead" ? "b" : "w"}`, style: `width:${(100 * x.s) / maxS}%` })))));
+      const curveRows = r.curve.map((p) => el("tr", {}, el("td", {}, p.kv_type), el("td", {}, fmt.tokens(p.context_tokens)),
+        el("td", {}, num(p.weights_bytes, fmt.gb(p.weights_bytes), prov.bytes)), el("td", {}, num(p.kv_bytes, fmt.gb(p.kv_bytes), prov.bytes)),
+        el("td", {}, num(p.step_s, fmt.s(p.step_s), prov.curve)), el("td", {}, num(p.tok_per_s, fmt.tok(p.tok_per_s), prov.curve, `token-tok-s-${p.kv_type}`))));
+      put(out, el("div", { class: "stats" },
+          stat(`one step at ${fmt.tokens(r.context_tokens)}${r.batch > 1 ? ` × ${r.batch} sequences` : ""}`, el("span", { class: "big" }, num(r.tok_per_s, fmt.tok(r.tok_per_s), prov.steps, "token-now"))),
+          stat("step time", num(r.total_s, fmt.s(r.total_s), prov.steps)),
+          stat("configuration", `${r.model} · ${r.quant} · KV ${r.kv_type} · -ngl ${r.n_gpu_layers} · -c ${fmt.int(r.n_ctx)}`, true)),
+        c, el("h3", {}, "What this decode step reads, per device"),
+        el("div", { class: "tablewrap" }, el("table", { "data-testid": "token-steps" }, el("thead", {}, el("tr", {}, ["device", "step", "bytes", "time", "bound", ""].map((h) => el("th", {}, h)))), el("tbody", {}, stepRows))),
+        el("details", {}, el("summary", {}, "The curve's numbers"), el("div", { class: "tablewrap" }, el("table", { "data-testid": "token-table" },
+          el("thead", {}, el("tr", {}, ["KV type", "context", "weights read", "KV read", "step", "decode"].map((h) => el("th", {}, h)))), el("tbody", {}, curveRows)))),
+        r.notes.length ? el("ul", {}, r.notes.map((x) => el("li", {}, x))) : null);
     };
   });
 }
@@ -368,54 +427,93 @@ function setupPhases() {
   const section = $("#fig-phases"), form = $("form", section), out = $("[data-out=phases]", section);
   populate(form, {});
   scenarioControl(form, "partial");
-  let step = 0, last = null;
+  let g = 0, last = null;
   const label = $("[data-testid=phase-step-label]", section);
-  const STEPS = ["Prefill: the prompt in micro-batches", "Decode: one token, every weight read again", "The two phases side by side"];
+  const BOUND_CLASS = { compute: "b", memory: "w", link: "k", overhead: "c", "cpu-kernels": "w cpu", disk: "k" };
+  const gantt = (trace, phase, groups, prov) => {
+    const total = trace.total_s;
+    return el("div", { class: "membar" }, el("div", { class: "title" }, el("span", {}, el("strong", {}, phase === "prefill" ? `Prefill of ${fmt.tokens(trace.n_tokens)}` : "One decode step")),
+      el("span", {}, num(total, fmt.s(total), prov, `phase-${phase}-s`), " · ", num(trace.tok_per_s, fmt.tok(trace.tok_per_s), prov, `phase-${phase}-tok`))),
+      el("div", { class: "track", role: "img", "aria-label": `${phase}: ${fmt.s(total)}` }, trace.steps.map((x, i) => {
+        const cur = groups[g] && groups[g].phase === phase && groups[g].steps.includes(i);
+        return el("div", { class: `seg ${BOUND_CLASS[x.bound] || "w"}`, title: `${x.name} (${x.where}): ${fmt.s(x.s)}`,
+          style: `width:${(100 * x.s) / total}%;opacity:${cur ? 1 : 0.35};${cur ? "outline:2px solid #1d232a;outline-offset:-2px" : ""}` });
+      })));
+  };
   const draw = () => {
     if (!last) return;
-    const r = last;
-    label.textContent = `Step ${step + 1} of ${STEPS.length}: ${STEPS[step]}`;
-    if (!r.fits) { put(out, el("div", { class: "verdict nofit" }, `Does not fit: ${r.reason}`)); return; }
-    const prov = r.provenance;
-    const list = el("ol", { class: "steps" }, STEPS.map((s, i) => el("li", { class: i < step ? "done" : i === step ? "current" : "" }, s)));
-    let body;
-    if (step === 0) {
-      const pre = r.prefill, maxS = Math.max(...pre.per_device.map((d) => d.s));
-      body = el("div", {}, el("p", {}, `A ${fmt.tokens(pre.n_tokens)} prompt: `, num(pre.s, fmt.s(pre.s), prov.prefill, "phase-prefill-s"), " in all, ",
-        num(pre.tok_per_s, fmt.tok(pre.tok_per_s), prov.prefill, "phase-prefill-tok"), pre.pcie_s ? el("span", {}, "; copying CPU-resident weights over PCIe takes ", num(pre.pcie_s, fmt.s(pre.pcie_s), prov.prefill)) : null, "."),
-        pre.per_device.map((d) => timeBar(`${d.device === d.runs_on ? d.device : `${d.device}'s layers, run on ${d.runs_on}`}`, d.s, maxS,
-          [["b", d.compute_s, "compute"], ["k", d.transfer_s, "PCIe copy"]], prov.prefill)));
-    } else if (step === 1) {
-      const dec = r.decode, maxS = Math.max(...dec.per_device.map((d) => d.s));
-      body = el("div", {}, el("p", {}, `One decode step at ${fmt.tokens(dec.context_tokens)} of context: `, num(dec.step_s, fmt.s(dec.step_s), prov.decode, "phase-decode-s"), ", ",
-        num(dec.tok_per_s, fmt.tok(dec.tok_per_s), prov.decode, "phase-decode-tok"), `. ${dec.bottleneck}.`),
-        dec.per_device.map((d) => timeBar(`${d.kind === "cpu" ? "CPU + RAM" : d.device} (${d.bound}-bound; reads ${fmt.gb(d.weights_bytes)} weights + ${fmt.gb(d.kv_bytes)} KV)`, d.s, maxS,
-          [["c", d.memory_s, "memory reads"], ["b", d.compute_s, "arithmetic"], ["k", d.overhead_s, "per-block overhead"]], prov.decode)));
-    } else {
-      body = el("div", { class: "stats" }, stat("prompt processing", el("span", { class: "big" }, num(r.prefill.tok_per_s, fmt.tok(r.prefill.tok_per_s), prov.prefill))),
-        stat("generation", el("span", { class: "big" }, num(r.decode.tok_per_s, fmt.tok(r.decode.tok_per_s), prov.decode))),
-        stat("CPU share of a decode step", num(r.decode.cpu_share, fmt.pct(r.decode.cpu_share), prov.decode)));
-    }
-    put(out, list, body);
+    const r = last, prov = r.provenance;
+    if (!r.fits) { label.textContent = ""; put(out, el("div", { class: "verdict nofit" }, `Does not fit: ${r.reason}. It would not run.`)); return; }
+    g = Math.min(g, r.groups.length - 1);
+    const grp = r.groups[g], trace = grp.phase === "prefill" ? r.prefill : r.decode;
+    label.textContent = `Step ${g + 1} of ${r.groups.length}: ${grp.label}`;
+    const rows = grp.steps.map((i) => trace.steps[i]).map((x) => el("tr", {}, el("td", {}, x.name), el("td", {}, x.where),
+      el("td", {}, num(x.bytes_moved, fmt.gb(x.bytes_moved), prov[grp.phase])), el("td", {}, num(x.flops / 1e12, `${fixed(x.flops / 1e12, 2)} TFLOP`, prov[grp.phase])),
+      el("td", {}, num(x.s, fmt.s(x.s), prov[grp.phase])), el("td", {}, x.bound)));
+    put(out, gantt(r.prefill, "prefill", r.groups, prov.prefill), gantt(r.decode, "decode", r.groups, prov.decode),
+      el("div", { class: "legend" }, Object.entries({ compute: "b", memory: "w", link: "k", overhead: "c", "CPU kernels": "w cpu" }).map(([n, c]) => el("span", {}, el("i", { class: `seg ${c}` }), `${n}-bound`))),
+      el("h3", {}, `${grp.label}: `, num(grp.s, fmt.s(grp.s), prov[grp.phase])),
+      el("div", { class: "tablewrap" }, el("table", { "data-testid": "phase-steps" }, el("thead", {}, el("tr", {}, ["what", "where", "bytes", "FLOPs", "time", "bound"].map((h) => el("th", {}, h)))), el("tbody", {}, rows))),
+      el("p", { class: "lead" }, grp.phase === "prefill" ? "One read of each weight serves every token of the micro-batch: the matmuls are compute-bound, and a CPU layer's weights cross PCIe to run on the GPU (op offload)."
+        : "Each new token re-reads every weight and the cached K/V: memory-bound, and the layers in system RAM dominate."));
   };
-  $("[data-act=prev]", section).addEventListener("click", () => { step = Math.max(0, step - 1); draw(); });
-  $("[data-act=next]", section).addEventListener("click", () => { step = Math.min(STEPS.length - 1, step + 1); draw(); });
+  $("[data-act=prev]", section).addEventListener("click", () => { g = Math.max(0, g - 1); draw(); });
+  $("[data-act=next]", section).addEventListener("click", () => { g = g + 1; draw(); });
   return wire(section, async () => {
     const b = { model: form.elements.model.value, machine: form.elements.machine.value, quant: form.elements.quant.value,
       n_ctx: 8192, n_prompt: intOrNull(form.elements.n_prompt), context: intOrNull(form.elements.context) };
-    const r = await api("/api/fit", b);
+    const r = await api("/api/trace/phases", b);
     return () => { last = r; draw(); };
   });
 }
 
-// a phase's seconds on one device, then each part of it on its own scale line (parts may overlap in time)
-function timeBar(title, s, maxS, parts, prov) {
-  const line = (c, v, name) => el("div", { class: "track", style: "height:12px;margin-top:2px", role: "img", "aria-label": `${name}: ${fmt.s(v)}` },
-    el("div", { class: `seg ${c}`, style: `width:${(100 * v) / maxS}%` }));
-  return el("div", { class: "membar" }, el("div", { class: "title" }, el("span", {}, el("strong", {}, title)), el("span", {}, "total ", num(s, fmt.s(s), prov))),
-    el("div", { class: "track", role: "img", "aria-label": `${title}: ${fmt.s(s)}` }, el("div", { class: "seg w", style: `width:${(100 * s) / maxS}%` })),
-    parts.filter((p) => p[1] > 0).map(([c, v, name]) => line(c, v, name)),
-    el("div", { class: "legend" }, parts.map(([c, v, name]) => el("span", {}, el("i", { class: `seg ${c}` }), `${name} `, num(v, fmt.s(v), prov)))));
+// ---------------------------------------------------------------- figure 4: the roofline
+function setupRoofline() {
+  const section = $("#fig-roofline"), form = $("form", section), out = $("[data-out=roofline]", section);
+  populate(form, { model: "llama-3.1-8b", machine: "rtx4090" });
+  const batch = form.elements.batch;
+  return wire(section, async () => {
+    const b = { model: form.elements.model.value, machine: form.elements.machine.value, quant: form.elements.quant.value, batch: Number(batch.value) };
+    $("output[name=batch_value]", form).textContent = `${b.batch} ${b.batch === 1 ? "sequence" : "sequences"}`;
+    const r = await api("/api/roofline", b);
+    return () => {
+      const prov = r.provenance, roof = r.roofs.find((x) => x.device === r.device) || r.roofs[0];
+      const sel = r.selected_batch;
+      const pick = (f) => r.points.find(f);
+      const decW = pick((p) => p.op === "weights" && p.phase === "decode" && p.batch === sel);
+      const preW = pick((p) => p.op === "weights" && p.phase === "prefill");
+      const decM = pick((p) => p.op === "model" && p.phase === "decode" && p.batch === sel) || pick((p) => p.op === "model" && p.phase === "decode");
+      const preM = pick((p) => p.op === "model" && p.phase === "prefill");
+      const att = pick((p) => p.op === "attention" && p.phase === "decode");
+      const T = 1e12; // the chart's y unit: TFLOP/s
+      const marks = [
+        decW && { x: decW.intensity_flop_per_byte, y: decW.attainable_flops / T, color: "var(--gpu)", label: `decode, batch ${sel}` },
+        att && { x: att.intensity_flop_per_byte, y: att.attainable_flops / T, color: "var(--buf)", label: "decode attention" },
+        preW && { x: preW.intensity_flop_per_byte, y: preW.attainable_flops / T, color: "var(--kv)", label: "prefill" },
+      ].filter(Boolean);
+      const c = chart({ title: `Roofline of ${roof.device}`, height: 300,
+        x: { label: "arithmetic intensity (FLOP/byte, log scale)", log: true, min: 0.1, max: 10000 },
+        y: { label: "attainable TFLOP/s (log)", log: true, min: Math.min(...r.roofs.map((x) => x.polyline[0][1] / T)) },
+        series: r.roofs.map((x, i) => ({ name: `${x.kind === "cpu" ? "CPU" : x.device} roof`, color: i === 0 ? "#1d232a" : "#8a939b", dash: x.device === roof.device ? null : "5 4",
+          points: x.polyline.map(([a, y]) => [a, y / T]) })),
+        vlines: [{ x: roof.ridge_flop_per_byte, color: "var(--bad)", label: `ridge ${fixed(roof.ridge_flop_per_byte, 0)}` }], marks });
+      const tp = r.throughput.find((t) => t.batch === sel);
+      const refused = r.refused.find((t) => t.batch === sel);
+      const pt = (p, name, tid) => p ? el("tr", {}, el("td", {}, name), el("td", {}, num(p.intensity_flop_per_byte, fmt.flopb(p.intensity_flop_per_byte), prov.points, tid)),
+        el("td", {}, num(p.attainable_flops / 1e12, fmt.tflops(p.attainable_flops / 1e12), prov.points)), el("td", {}, num(p.utilization, fmt.pct(p.utilization), prov.points)), el("td", {}, p.bound)) : null;
+      put(out, el("div", { class: "stats" },
+          stat(`ridge point of ${roof.device}`, el("span", { class: "big" }, num(roof.ridge_flop_per_byte, fmt.flopb(roof.ridge_flop_per_byte), prov.roofs, "roof-ridge"))),
+          stat(`batch where a ${fixed(r.bits_per_weight, 2)}-bpw weight matmul turns compute-bound`, num(r.ridge_batch, `${fixed(r.ridge_batch, 0)} tokens`, prov.points, "roof-ridge-batch")),
+          stat(`decode throughput at batch ${sel}`, tp ? num(tp.tok_per_s, fmt.tok(tp.tok_per_s), prov.throughput, "roof-tok") : num(null, refused ? "— (cache too small)" : "—", prov.throughput, "roof-tok")),
+          stat("peak / bandwidth", el("span", {}, num(roof.peak_flops / 1e12, fmt.tflops(roof.peak_flops / 1e12), prov.roofs), " · ", num(roof.bandwidth_bytes_per_s / 1e9, `${fixed(roof.bandwidth_bytes_per_s / 1e9, 0)} GB/s`, prov.roofs)))),
+        c,
+        el("div", { class: "tablewrap" }, el("table", { "data-testid": "roof-points" }, el("thead", {}, el("tr", {}, ["work", "intensity", "attainable", "of peak", "bound"].map((h) => el("th", {}, h)))),
+          el("tbody", {}, pt(decW, `decode weight matmuls, batch ${sel}`, "roof-decode-intensity"), pt(decM, `whole decode step, batch ${decM ? decM.batch : sel}`), pt(att, `decode attention, ${att ? fmt.tokens(att.context_tokens) : ""}`),
+            pt(preW, `prefill weight matmuls, micro-batch ${preW ? preW.batch : ""}`), pt(preM, "whole prefill")))),
+        el("p", {}, r.saturation_note), refused ? el("p", { class: "lead" }, refused.reason) : null,
+        r.notes.length ? el("ul", {}, r.notes.map((x) => el("li", {}, x))) : null);
+    };
+  });
 }
 
 // ---------------------------------------------------------------- figure 6: three KV managers
@@ -439,13 +537,16 @@ function setupKv() {
     playBtn.textContent = "⏸ Pause"; playBtn.setAttribute("aria-pressed", "true");
     timer = setInterval(() => { const i = Number(slider.value) + 1; go(i); if (i >= nSteps() - 1) stop(); }, 140);
   });
-  let seq = 0;
-  const runSim = async () => {
+  let seq = 0, lastKey = null;
+  const runSim = async (ev) => {
+    const b = { workload: form.elements.workload.value, capacity_tokens: intOrNull(form.elements.capacity_tokens), limit: intOrNull(form.elements.limit) };
+    const key = JSON.stringify(b);
+    if (ev && ev.type === "change" && key === lastKey) return; // a field lost focus without a new value
+    lastKey = key;
     stop();
     const my = ++seq;
     section.dataset.pending = "1";
     try {
-      const b = { workload: form.elements.workload.value, capacity_tokens: intOrNull(form.elements.capacity_tokens), limit: intOrNull(form.elements.limit) };
       const r = await api("/api/simulate", b);
       if (my !== seq) return;
       sim = { report: r, frames: framesOf(r) };
@@ -534,9 +635,7 @@ function drawKv(section, out, sim, i, label) {
 async function main() {
   setupTooltip();
   try { CATALOG = await api("/api/catalog"); } catch (err) { document.body.prepend(el("p", { class: "error", role: "alert" }, `Cannot reach the inferlab server: ${err.message}`)); return; }
-  const runs = [setupCalc(), setupToken(), setupPhases(), setupKv()];
-  if (typeof setupLoad === "function") runs.push(setupLoad());
-  if (typeof setupRoofline === "function") runs.push(setupRoofline());
+  const runs = [setupLoad(), setupToken(), setupPhases(), setupRoofline(), setupCalc(), setupKv()];
   await Promise.all(runs.map((r) => r()));
   document.body.dataset.ready = "true";
 }
