@@ -126,14 +126,28 @@ def _secs(s: float) -> str:
     return f"{s:.3f} s" if s >= 1 else f"{s * 1e3:.2f} ms"
 
 
+SHOWN_MICRO_BATCHES = 4  # a long prompt's table shows the first ones and the last; --json has every step
+
+
 def _table(con, steps) -> None:
     from rich.table import Table
 
+    ubs = sorted({st.micro_batch for st in steps if st.micro_batch is not None})
+    keep = set(ubs[:SHOWN_MICRO_BATCHES - 1] + ubs[-1:]) if len(ubs) > SHOWN_MICRO_BATCHES else set(ubs)
     t = Table(show_edge=False, header_style="bold", box=None, padding=(0, 1))
-    for col in ("#", "step", "where", "bytes", "FLOPs", "time", "bound"):
-        t.add_column(col, justify="right" if col in ("#", "bytes", "FLOPs", "time") else "left")
+    for col in ("#", "ub", "step", "where", "bytes", "FLOPs", "time", "bound") if ubs else ("#", "step", "where", "bytes", "FLOPs", "time", "bound"):
+        t.add_column(col, justify="right" if col in ("#", "ub", "bytes", "FLOPs", "time") else "left")
+    skipped = []
     for i, st in enumerate(steps, 1):
-        t.add_row(str(i), safe(st.name), safe(st.where), _bytes(st.bytes_moved), _flops(st.flops), _secs(st.s), st.bound)
+        if ubs and st.micro_batch not in keep:
+            skipped.append(st)
+            continue
+        if skipped:
+            n = len({x.micro_batch for x in skipped})
+            t.add_row("…", "", f"{n} more micro-batches like these", "", "", "", _secs(sum(x.s for x in skipped)), "")
+            skipped = []
+        row = [safe(st.name), safe(st.where), _bytes(st.bytes_moved), _flops(st.flops), _secs(st.s), st.bound]
+        t.add_row(str(i), *([str(st.micro_batch)] if ubs else []), *row)
     con.print(t)
 
 

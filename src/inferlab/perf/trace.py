@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..errors import InvalidValueError, check_positive
 from ..hardware.device import Machine
 from .placement import Placement
-from .speed import BANDWIDTH_ONLY, OP_OFFLOAD_MIN_BATCH, SpeedModel, decode_step_time, prefill_time
+from .speed import BANDWIDTH_ONLY, OP_OFFLOAD_MIN_BATCH, SpeedModel, decode_step_time, expert_read_fraction, prefill_time
 
 # what bounds a step: a memory's bandwidth, a processor's arithmetic, the PCIe link, the drive,
 # the CPU cores' dequantize-and-dot rate, a fixed per-kernel cost, or nothing (bookkeeping)
@@ -167,7 +167,8 @@ def prefill_steps(placement: Placement, machine: Machine, n_tokens: int, speed: 
     per micro-batch and device: the op-offload copy of CPU layers' weights (when a micro-batch has
     >= 32 tokens and a discrete GPU is present), the matmuls, the per-block cost. Each device's
     compute seconds are ``prefill_time``'s, shared among micro-batches by their FLOPs (later
-    micro-batches attend to more tokens)."""
+    micro-batches attend to more tokens); a matmul step's bytes are the weights it reads once for
+    its micro-batch (the speed model counts prefill as compute-bound: see perf.roofline for why)."""
     f = prefill_time(placement, machine, n_tokens, speed, context)
     n_ub = math.ceil(n_tokens / speed.n_ubatch)
     bounds = [(k * speed.n_ubatch, min(n_tokens, (k + 1) * speed.n_ubatch)) for k in range(n_ub)]
@@ -203,7 +204,9 @@ def prefill_steps(placement: Placement, machine: Machine, n_tokens: int, speed: 
                 steps.append(Step(f"op offload: copy {own}'s layers to {runs_on}", "PCIe", moved, 0.0, t, "link",
                                   f"micro-batch of {b - a} tokens >= {OP_OFFLOAD_MIN_BATCH}: the CPU layers' matmuls run on the GPU", k))
             comp = p["compute_s"] * (per_ub[k] / tot if tot else 1.0 / n_ub)
-            steps.append(Step("matmuls" if runs_on == own else f"matmuls of {own}'s layers", runs_on, 0.0, per_ub[k], comp, "compute",
+            spec = placement.model
+            read = du.dense_read_bytes + du.expert_bytes * expert_read_fraction(spec.n_experts, spec.n_experts_used, b - a)  # weights read once per micro-batch
+            steps.append(Step("matmuls" if runs_on == own else f"matmuls of {own}'s layers", runs_on, read, per_ub[k], comp, "compute",
                               f"tokens {a}-{b - 1}: {du.n_blocks} blocks" + (" + output head" if du.has_output else ""), k))
             over = p["s"] - p["compute_s"] - p["transfer_s"]  # the per-block cost of every micro-batch
             if over > 0:
