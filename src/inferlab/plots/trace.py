@@ -70,16 +70,18 @@ def _no_run(ax, r) -> None:
 
 
 def _per_device(ax, r) -> None:
+    """The lesson's "time per token": each device's share of one decode step, weights vs KV vs the
+    fixed per-block cost, stacked (devices run one after another)."""
     devices: list[str] = []
     for st in r.steps:
         if st.where not in devices:
             devices.append(st.where)
-    parts = (("read weights", "#1f77b4"), ("read KV cache", "#ff7f0e"), ("per-block cost", "#7f7f7f"))
-    for name, color in parts:
-        vals = [sum(st.s for st in r.steps if st.where == d and st.name.startswith(name)) * 1e3 for d in devices]
-        left = [sum(st.s for st in r.steps if st.where == d and any(st.name.startswith(n) for n, _ in parts[:[p[0] for p in parts].index(name)])) * 1e3
-                for d in devices]
-        ax.barh(range(len(devices)), vals, left=left, color=color, label=name.replace("read ", ""), height=0.6)
+    left = [0.0] * len(devices)
+    for name, color, label in (("read weights", "#1f77b4", "weights"), ("read KV cache", "#ff7f0e", "KV cache"),
+                               ("per-block cost", "#7f7f7f", "per-block cost")):
+        ms = [sum(st.s for st in r.steps if st.where == d and st.name == name) * 1e3 for d in devices]
+        ax.barh(range(len(devices)), ms, left=left, color=color, label=label, height=0.6)
+        left = [a + b for a, b in zip(left, ms)]
     ax.set_yticks(range(len(devices)), devices)
     ax.invert_yaxis()
     ax.set_xlabel("time per decode step (ms)")
