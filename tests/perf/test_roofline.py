@@ -126,3 +126,10 @@ def test_a_preset_without_a_model_has_no_single_bits_per_weight():
     with pytest.raises(InvalidValueError, match="preset"):
         roofline("rtx4090", quant="Q4_K_M")
     assert roofline("rtx4090", quant="Q8_0").bits_per_weight == 8.5
+
+
+def test_a_configuration_that_does_not_fit_gets_no_throughput():
+    r = roofline("rtx4060ti", "qwen2.5-32b", n_ctx=8192, n_gpu_layers=99)
+    assert r.throughput == () and r.saturation_batch is None and r.saturation_note == ""
+    assert any("does not fit" in n for n in r.notes)
+    assert r.points  # the kernels' intensities do not depend on it running

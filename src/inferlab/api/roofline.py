@@ -127,8 +127,9 @@ def roofline(machine: Any, model: Any = None, *, quant: Any = None, kv_type: str
         throughput, refused = _throughput(setup, batches, context)
         if not p.fits:
             notes.append(f"this configuration does not fit ({p.reason}): no throughput, it would not run")
-        sat = saturation_batch(p, m, context, setup.speed)
-        sat_note = _saturation_note(setup, context, sat)
+        else:
+            sat = saturation_batch(p, m, context, setup.speed)
+            sat_note = _saturation_note(setup, context, sat)
     return RooflineReport(
         machine=m.name, machine_id=machine if isinstance(machine, str) else None, device=r.device, roofs=roofs,
         ridge_flop_per_byte=r.ridge_flop_per_byte, bits_per_weight=bpw, ridge_batch=ridge_batch(dev, bpw),
