@@ -22,7 +22,7 @@ from fastapi.responses import FileResponse
 
 from . import figures
 from .bodies import DecodeBody, FitBody, LoadBody, PhasesBody, RooflineBody, SimBody
-from .guard import BodyLimit, install_error_handlers
+from .guard import BodyLimit, SecurityHeaders, install_error_handlers
 from .offer import Offer
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
@@ -87,6 +87,7 @@ def create_app(files: Sequence[str] = (), *, local: bool = False, host: str = "1
         allowed = ["*"]  # the user opened it to the network on purpose
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed)
     app.add_middleware(BodyLimit)
+    app.add_middleware(SecurityHeaders)
     static = resources.files("inferlab.web") / "static"
     catalog_cache: dict[str, Any] = {}
 

@@ -1,7 +1,7 @@
 """What stands between a client and the service layer: a body-size cap and JSON errors.
 
 ``BodyLimit`` is plain ASGI middleware: a request whose Content-Length (or, when chunked, whose
-bytes as they arrive) exceeds ``max_bytes`` is answered 413 before any handler parses it.
+bytes as they arrive) exceeds ``max_bytes`` is answered 413 before any handler sees it.
 ``install_error_handlers`` turns every failure into ``{"error": message, ...}`` with a 4xx code,
 so the page can show the message: inferlab's typed errors (400), schema violations (422), unknown
 routes (404), wrong methods (405).
@@ -37,30 +37,27 @@ class BodyLimit:
                 if declared > self.max_bytes:
                     return await self._reply(send, *_json_error(
                         413, f"request body of {declared} bytes is over the limit of {self.max_bytes} bytes"))
-        seen = 0
-        started = False
-
-        async def limited_receive():
-            nonlocal seen
+        # read the whole body first (it is small by construction), refusing it as soon as it is too big
+        body, more = bytearray(), True
+        while more:
             msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge(seen)
-            return msg
+            if msg["type"] != "http.request":  # the client went away
+                return
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await self._reply(send, *_json_error(
+                    413, f"request body of over {len(body)} bytes is over the limit of {self.max_bytes} bytes"))
+        replayed = False
 
-        async def tracking_send(msg):
-            nonlocal started
-            if msg["type"] == "http.response.start":
-                started = True
-            await send(msg)
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge as exc:
-            if not started:
-                await self._reply(send, *_json_error(
-                    413, f"request body of over {exc.n_bytes} bytes is over the limit of {self.max_bytes} bytes"))
+        await self.app(scope, replay, send)
 
     @staticmethod
     async def _reply(send, status: int, body: bytes) -> None:
@@ -69,10 +66,33 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
-    def __init__(self, n_bytes: int):
-        super().__init__(n_bytes)
-        self.n_bytes = n_bytes
+# Everything the page needs comes from this server: scripts and styles from /static, data from /api.
+# Inline styles stay allowed (the page sizes bars with style attributes); frames and plugins are not.
+SECURITY_HEADERS = (
+    (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                                 b"connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+)
+
+
+class SecurityHeaders:
+    """Add SECURITY_HEADERS to every response (plain ASGI, no per-request task)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def with_headers(msg):
+            if msg["type"] == "http.response.start":
+                msg = {**msg, "headers": [*msg.get("headers", []), *SECURITY_HEADERS]}
+            await send(msg)
+
+        await self.app(scope, receive, with_headers)
 
 
 def _where(loc: tuple) -> str:

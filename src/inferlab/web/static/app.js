@@ -634,6 +634,7 @@ function drawKv(section, out, sim, i, label) {
 // ---------------------------------------------------------------- start
 async function main() {
   setupTooltip();
+  for (const f of $$("form")) f.addEventListener("submit", (e) => e.preventDefault()); // Enter in a field redraws, never navigates
   try { CATALOG = await api("/api/catalog"); } catch (err) { document.body.prepend(el("p", { class: "error", role: "alert" }, `Cannot reach the inferlab server: ${err.message}`)); return; }
   const runs = [setupLoad(), setupToken(), setupPhases(), setupRoofline(), setupCalc(), setupKv()];
   await Promise.all(runs.map((r) => r()));
