@@ -82,15 +82,16 @@ class ServerError(Exception):
 class LlamaServer:
     """``llama-server -m MODEL ARGS`` on 127.0.0.1:<free port>; a context manager that kills it."""
 
-    def __init__(self, binary: Path, model: Path, args: list[str], log_path: Path):
+    def __init__(self, binary: Path, model: Path, args: list[str], log_path: Path, *, verbose: bool = False):
         self.binary, self.model, self.args, self.log_path = binary, model, args, log_path
+        self.verbose = verbose  # -v: debug lines, one "posting NEXT_RESPONSE" per update_slots
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> LlamaServer:
         self._log = open(self.log_path, "w")
         cmd = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-               "-t", "2", "-tb", "2", "--no-warmup", "-fit", "off", "-lv", "4", *self.args]
+               "-t", "2", "-tb", "2", "--no-warmup", "-fit", "off", "--threads-http", "8", *(["-v"] if self.verbose else []), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -249,7 +250,7 @@ def requests_of(case: Case, prompts: list[list[int]], replies: list[list[int]], 
     return reqs
 
 
-def manager_for(case: Case):
+def manager_for(case):
     from inferlab.kv.slots import SlotManager
 
     kw = dict(kv_bytes_per_token=TINY_KV_BYTES_PER_TOKEN, n_layers=TINY["n_layers"], n_ctx_train=TINY_N_CTX_TRAIN)
@@ -297,12 +298,131 @@ def compare(server_obs: list[Observed], sim_obs: list[Observed]) -> list[str]:
 # concurrent groups
 
 
-LAUNCH_RE = re.compile(r"slot\s+launch_slot_\w*: id\s+(\d+) \| task (\d+) \| processing task")
+@dataclass(frozen=True)
+class ConcurrentCase:
+    """Groups of requests; the requests of a group are sent at once, the groups one after another."""
+
+    name: str
+    server_args: tuple[str, ...]
+    manager_kwargs: dict
+    groups: tuple[tuple[Turn, ...], ...]
+    why: str = ""
 
 
-def launch_order(log: str) -> list[tuple[int, int]]:
-    """(slot id, task id) of every launch, in the order the server launched them."""
-    return [(int(s), int(t)) for s, t in LAUNCH_RE.findall(log)]
+_LAUNCH = re.compile(r"slot launch_slot_: id +(\d+) \| task (\d+) \| processing task")
+_DEFER = re.compile(r"no slot is available, defer task, id_task = (\d+)")
+_PROMPT = re.compile(r"id +\d+ \| task (\d+) \| new prompt, n_ctx_slot = \d+, n_keep = -?\d+, task.n_tokens = (\d+)")
+_EXCEEDED_AT_0 = re.compile(r"Context size has been exceeded\. off = 0,")
+
+
+@dataclass
+class TaskTrace:
+    task: int
+    slot: int | None = None
+    n_tokens: int | None = None
+    received_iter: int | None = None  # update_slots iterations (that decode) before it was taken
+    order: int | None = None  # log line where it was taken (launched or deferred): queue order
+
+
+def parse_log(log: str) -> dict[int, TaskTrace]:
+    """Per completion task: the slot it was launched in, its prompt length and the number of
+    update_slots iterations the server had run (ones that decoded something) when it took the
+    task from its queue (launched or deferred). Needs the server's -v log."""
+    tasks: dict[int, TaskTrace] = {}
+    iters = 0
+    for i, line in enumerate(log.splitlines()):
+        if "posting NEXT_RESPONSE" in line:
+            iters += 1
+        elif _EXCEEDED_AT_0.search(line):
+            iters -= 1  # that iteration decoded nothing: the simulator spends no step on it
+        elif m := _LAUNCH.search(line):
+            t = tasks.setdefault(int(m[2]), TaskTrace(int(m[2])))
+            t.slot = int(m[1])
+            if t.received_iter is None:
+                t.received_iter, t.order = iters, i
+        elif m := _DEFER.search(line):
+            t = tasks.setdefault(int(m[1]), TaskTrace(int(m[1])))
+            if t.received_iter is None:
+                t.received_iter, t.order = iters, i
+        elif m := _PROMPT.search(line):
+            tasks.setdefault(int(m[1]), TaskTrace(int(m[1]))).n_tokens = int(m[2])
+    return tasks
+
+
+def run_concurrent(server: LlamaServer, case: ConcurrentCase):
+    """Send each group at once (one thread per request); return the turns in order, prompts,
+    replies, what each got, and the slots after each group."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    turns = [t for g in case.groups for t in g]
+    prompts: list[list[int]] = []
+    replies: list[list[int]] = []
+    seen: list[Observed] = []
+    group_slots = []
+    for group in case.groups:
+        gp = [build_prompt(t, replies, prompts) for t in group]
+        with ThreadPoolExecutor(len(group)) as ex:
+            futs = [ex.submit(server.complete, p, t.n_predict) for p, t in zip(gp, group)]
+            for p, f in zip(gp, futs):
+                try:
+                    r = f.result()
+                    toks = list(r["tokens"])
+                    seen.append(Observed(r["id_slot"], r["timings"]["cache_n"],
+                                         "truncated" if r.get("truncated") else "ok", len(toks)))
+                except ServerError as e:
+                    toks = []
+                    seen.append(Observed(None, None, _outcome_of_error(e.message), 0, detail=e.message))
+                prompts.append(p)
+                replies.append(toks)
+        group_slots.append(tuple(s.get("n_prompt_tokens", 0) for s in sorted(server.slots(), key=lambda s: s["id"])))
+    return turns, prompts, replies, seen, group_slots
+
+
+def simulate_concurrent(case: ConcurrentCase, prompts, replies, trace: dict[int, TaskTrace], *, as_received: bool):
+    """SlotManager on the same requests. Requests are matched to the server's tasks by prompt
+    length (unique in a case). as_received: each arrives at the update_slots iteration the
+    server took it in; else all of a group arrive at one instant, in the server's order."""
+    from inferlab.kv_managers import Request, simulate
+
+    if len({len(p) for p in prompts}) != len(prompts):
+        raise ValueError(f"{case.name}: prompt lengths must be unique to match the server's tasks")
+    by_len = {t.n_tokens: t for t in trace.values() if t.n_tokens is not None}
+    sizes = [len(g) for g in case.groups]
+    reqs, k = [], 0
+    for g, n in enumerate(sizes):
+        for _ in range(n):
+            t = by_len[len(prompts[k])]
+            turn = [x for gg in case.groups for x in gg][k]
+            out = (list(replies[k]) + [FILLER_ID] * turn.n_predict)[: turn.n_predict]
+            arrival = float(t.received_iter) if as_received else g * 1e6
+            # task ids are taken before the task is queued: two HTTP threads may queue them in the
+            # other order, so the order is the server's (the log line where it took each task)
+            reqs.append((arrival, t.order, Request(k, arrival, prompts[k], turn.n_predict, output=out)))
+            k += 1
+    reqs.sort(key=lambda x: (x[0], x[1]))
+    ordered = [r for _, _, r in reqs]
+    m = manager_for(case)
+    run = simulate(ordered, m, check_invariants=True, record_timeline=False)
+    recs = {r.id: r for r in run.requests}
+    out = []
+    for k in range(len(prompts)):
+        rec = recs[k]
+        o = _observed_from(rec, m)
+        o.id_slot = m.slot_of(k)
+        out.append(o)
+    return out, tuple(s.n_tokens for s in m.slots)
+
+
+def compare_concurrent(seen: list[Observed], trace: dict[int, TaskTrace], prompts, sim: list[Observed]) -> list[str]:
+    by_len = {t.n_tokens: t for t in trace.values() if t.n_tokens is not None}
+    diffs = []
+    for k, (a, b) in enumerate(zip(seen, sim)):
+        slot = by_len[len(prompts[k])].slot  # the log names the slot of failed requests too
+        for fld, va, vb in (("id_slot", slot, b.id_slot), ("cache_n", a.cache_n, b.cache_n),
+                            ("outcome", a.outcome, b.outcome), ("n_generated", a.n_generated, b.n_generated)):
+            if va != vb:
+                diffs.append(f"request {k}: {fld} server={va} simulator={vb}")
+    return diffs
 
 
 def have_build_tools() -> bool:

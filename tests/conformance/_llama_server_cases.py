@@ -8,7 +8,7 @@ request k's reply / prompt, so later turns continue earlier conversations.
 
 from __future__ import annotations
 
-from _llama_server import Case, Turn
+from _llama_server import Case, ConcurrentCase, Turn
 from _llama_server import segment as seg
 
 
@@ -94,4 +94,35 @@ SEQUENTIAL = [
          (T(seg(71, 80)), T(seg(72, 80)), T(P(0), R(0), seg(73, 5)), T(P(1), R(1), seg(74, 5)),
           T(seg(75, 30)), T(P(2), n=2)),
          "--slot-prompt-similarity 0: always LRU, the RAM cache restores conversations"),
+]
+
+
+def G(*turns):
+    return tuple(turns)
+
+
+# Concurrent groups: every prompt length in a case is unique (the server's log names tasks by it).
+CONCURRENT = [
+    ConcurrentCase("overflow-pair", ("-np", "2", "--kv-unified", "-c", "512", "--cache-ram", "0"),
+                   dict(capacity_tokens=512, n_parallel=2, kv_unified=True, cache_ram_mib=0),
+                   (G(T(seg(101, 150), n=200), T(seg(102, 152), n=200)),   # both run out of cells
+                    G(T(seg(103, 60), n=4), T(seg(104, 64), n=4)),         # LRU after the id-order release
+                    G(T(P(2), R(2), seg(105, 5), n=3), T(P(3), R(3), seg(106, 7), n=3))),
+                   "context exceeded with two running slots, then slot choice"),
+    ConcurrentCase("defer-4", ("-np", "2", "--kv-unified", "-c", "2048", "--cache-ram", "8"),
+                   dict(capacity_tokens=2048, n_parallel=2, kv_unified=True, cache_ram_mib=8),
+                   (G(T(seg(111, 40), n=8), T(seg(112, 41), n=8), T(seg(113, 42), n=8), T(seg(114, 43), n=8)),
+                    G(T(P(0), R(0), seg(115, 3), n=4), T(P(1), R(1), seg(116, 4), n=4),
+                      T(P(2), R(2), seg(117, 5), n=4), T(P(3), R(3), seg(118, 6), n=4)),
+                    G(T(seg(119, 30), n=4), T(seg(120, 31), n=4), T(seg(121, 32), n=4))),
+                   "deferred tasks, idle-slot caching, RAM loads under concurrency"),
+    ConcurrentCase("split-shared", ("-np", "3", "-c", "1536", "--cache-ram", "0"),
+                   dict(capacity_tokens=1536, n_parallel=3, cache_ram_mib=0),
+                   (G(T(seg(131, 100), seg(132, 10), n=6), T(seg(131, 100), seg(133, 11), n=6),
+                      T(seg(131, 100), seg(134, 12), n=6)),
+                    G(T(P(0), R(0), seg(135, 4), n=4), T(P(1), R(1), seg(136, 5), n=4),
+                      T(P(2), R(2), seg(137, 6), n=4)),
+                    G(T(seg(131, 100), seg(138, 27), n=4), T(seg(131, 100), seg(139, 28), n=4),
+                      T(seg(140, 50), n=4), T(seg(141, 51), n=4))),
+                   "split KV, a shared system prompt, similarity under concurrency, one deferred"),
 ]
