@@ -124,6 +124,7 @@ def test_i1_names_are_the_preset_made_with_an_imatrix():
     m = MODELS["qwen2.5-7b"]
     q = resolve_quant("i1-IQ4_XS")
     assert q == Preset("IQ4_XS", imatrix=True, display_name="i1-IQ4_XS") and str(q) == "i1-IQ4_XS"
+    assert resolve_quant("preset:i1-IQ4_XS") == q
     assert weight_bytes(m, "preset:IQ4_XS")["total"] - weight_bytes(m, q)["total"] == 3 * 18944 * 3584 // 256 * 40
     with pytest.raises(InvalidValueError):
         resolve_quant("i1-Q4_0_4_4")  # a variant defined as made without one

@@ -29,10 +29,11 @@ def _rows() -> list[dict]:
 
 
 def _quant(row: dict) -> Preset:
-    """The llama-quantize run a row's file came from: bartowski's files are made with an imatrix;
-    a row noted "2023 rules" with the Q2_K mix of 2023."""
+    """The llama-quantize run a row's file came from: bartowski's files (and mradermacher's "-i1-"
+    repositories) are made with an imatrix; a row noted "2023 rules" with the Q2_K mix of 2023."""
     q = resolve_quant("preset:" + row["quant"].upper())
-    if row["uploader"] == "bartowski" and q.imatrix is None and q.display_name is None:
+    made_with_imatrix = row["uploader"] == "bartowski" or "-i1-GGUF" in row["source_url"] or ".i1-" in row["source_url"]
+    if made_with_imatrix and q.imatrix is None and q.display_name is None:
         q = Preset(q.name, imatrix=True)
     if _is_2023_q2k(row):
         q = Preset(q.name, rules="2023")

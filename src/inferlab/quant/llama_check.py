@@ -206,6 +206,12 @@ def _imatrix_entries(ctypes, imatrix: Mapping[str, object]):
 
 def dry_run_types(src: str | os.PathLike, quant, *, imatrix: bool = False) -> dict[str, str]:
     """The type llama.cpp's quantizer picks for each tensor of the GGUF ``src`` (a dry run)."""
+    return dry_run(src, quant, imatrix=imatrix)[0]
+
+
+def dry_run(src: str | os.PathLike, quant, *, imatrix: bool = False) -> tuple[dict[str, str], float]:
+    """A dry run: each tensor's type, and the tensor bytes llama.cpp reports ("quant size = X MiB",
+    rounded to 0.01 MiB)."""
     import ctypes
 
     _, _, llama_cpp = _imports()
@@ -221,7 +227,20 @@ def dry_run_types(src: str | os.PathLike, quant, *, imatrix: bool = False) -> di
     del keep
     if rc != 0:
         raise FileFormatError(f"llama.cpp's dry run of {q.label} on {src} failed: {log.text.strip().splitlines()[-1:]}")
-    return {m.group(1): (m.group(3) or m.group(2)).upper() for m in _LINE.finditer(log.text)}
+    size = re.search(r"quant size\s*=\s*([\d.]+) MiB", log.text)
+    types = {m.group(1): (m.group(3) or m.group(2)).upper() for m in _LINE.finditer(log.text)}
+    return types, float(size.group(1)) * 2**20 if size else float("nan")
+
+
+def llama_bytes(spec: ModelSpec, types: Mapping[str, str]) -> int:
+    """Tensor bytes of spec with llama.cpp's types, by gguf-py's block table (GGML_QUANT_SIZES,
+    ggml's own block sizes; independent of inferlab's data/ggml_types.json)."""
+    gguf, _, _ = _imports()
+    total = 0
+    for t in tensor_inventory(spec):
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[types[t.name]]]
+        total += t.n_elements // block * size  # whole blocks: ne[0] is a multiple of the block
+    return total
 
 
 def llama_types(spec: ModelSpec, quant, *, imatrix: bool | None = None, workdir: str | os.PathLike | None = None) -> dict[str, str]:

@@ -217,11 +217,12 @@ def resolve_quant(q: str | Preset | PureType) -> Preset | PureType:
 @lru_cache(maxsize=256)
 def _resolve_str(q: str) -> Preset | PureType:
     low = q.lower()
-    if low.startswith("i1-"):  # mradermacher's imatrix files: "Model.i1-IQ4_XS.gguf"
-        p = _resolve_str("preset:" + q[3:])
+    body = q[len("preset:"):].strip() if low.startswith("preset:") else q
+    if body.lower().startswith("i1-"):  # mradermacher's imatrix files: "Model.i1-IQ4_XS.gguf"
+        p = _resolve_str("preset:" + body[3:])
         if p.imatrix is False:
             raise InvalidValueError(f"{q!r}: {p.display_name or p.name} is made without an importance matrix, so it has no i1- form")
-        return dataclasses.replace(p, imatrix=True, display_name=q)
+        return dataclasses.replace(p, imatrix=True, display_name=body)
     _refuse_unreproducible(q)
     if low.startswith("preset:"):
         name = q[len("preset:"):].strip()
