@@ -86,10 +86,11 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "conformance_llamacpp.json").write_text(json.dumps(out, indent=1) + "\n")
-    print(f"conformance llamacpp {out['engine_version']}: sequential {len(seq)} cases, {s_ok}/{s_req} requests agree "
-          f"({100 * s_ok / s_req:.1f} %); concurrent {len(CONCURRENT)} cases x {args.repeat} runs, "
-          f"{c_recv}/{c_req} agree as received ({100 * c_recv / c_req:.1f} %), {c_inst}/{c_req} at one instant "
-          f"({100 * c_inst / c_req:.1f} %); {out['wall_s']:.0f} s")
+    line = (f"conformance llamacpp {out['engine_version']}: sequential {len(seq)} cases, {s_ok}/{s_req} requests agree "
+            f"({100 * s_ok / s_req:.1f} %); concurrent {len(CONCURRENT)} cases x {args.repeat} runs, "
+            f"{c_recv}/{c_req} agree as received ({100 * c_recv / c_req:.1f} %), {c_inst}/{c_req} at one instant "
+            f"({100 * c_inst / c_req:.1f} %); {out['wall_s']:.0f} s")
+    print(line)  # noqa: T201
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -423,7 +422,3 @@ def compare_concurrent(seen: list[Observed], trace: dict[int, TaskTrace], prompt
             if va != vb:
                 diffs.append(f"request {k}: {fld} server={va} simulator={vb}")
     return diffs
-
-
-def have_build_tools() -> bool:
-    return shutil.which("cmake") is not None and shutil.which("c++") is not None
