@@ -1,0 +1,285 @@
+"""Mutation benchmark: how many small deliberate bugs in the core does the test suite catch?
+
+    flock /tmp/inferlab-heavy.lock python benchmarks/mutation.py [--per-target 25] [--seed 1]
+        [--targets speed,placement,...] [--timeout-factor 4] [--json benchmarks/results/mutation.json]
+
+Each mutant changes one AST node of one core module: a comparison flipped (< <=, > >=, == !=, in / not in,
+is / is not), + and - swapped, * and / swapped, a term dropped (a + b -> a, a - b -> a), an integer or
+float constant moved by one (n -> n + 1, n -> n - 1; 0 -> 1), min and max swapped, and / or swapped, a
+`not` removed. Nothing is mutated inside docstrings, raise or assert statements (error messages), or
+annotations. The repository's src/ and tests/ are copied to /tmp/mut-*, so /work/main is never
+touched (other people edit it meanwhile); each mutant is written into the copy and the target's test
+subset runs against it (PYTHONPATH = the copy's src, -x, -m "not slow", the tests that fail on the
+unmutated copy deselected). A mutant is killed when the subset fails or runs past timeout-factor x the
+unmutated run (an endless loop); it survives when the subset passes. Mutation sites are sampled
+(--per-target N per target, --seed): the share killed is an estimate; --all takes every site.
+
+Survivors known to be equivalent (no input can tell them from the original) are listed in
+EQUIVALENT with the reason, keyed by module, the mutated node's source and the mutation; they are
+reported apart and left out of the killed share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# target -> (modules under src/inferlab, test subset); the KV managers are one target per engine
+TARGETS = {
+    "placement": (["perf/placement.py"], ["tests/perf"]),
+    "speed": (["perf/speed.py"], ["tests/perf"]),
+    "kv_size": (["perf/kv_size.py"], ["tests/perf"]),
+    "plan": (["quant/plan.py"], ["tests/quant", "tests/perf"]),
+    "llamacpp": (["kv/llamacpp/server.py", "kv/llamacpp/slots.py", "kv/llamacpp/prompt_cache.py"],
+                 ["tests/kv/test_slots.py", "tests/kv/test_properties.py"]),
+    "vllm": (["kv/vllm/block_pool.py", "kv/vllm/kv_cache_manager.py", "kv/vllm/scheduler.py"],
+             ["tests/kv/test_paged.py", "tests/kv/test_properties.py"]),
+    "sglang": (["kv/sglang/radix_cache.py", "kv/sglang/schedule_policy.py", "kv/sglang/scheduler.py"],
+               ["tests/kv/test_radix.py", "tests/kv/test_properties.py"]),
+    "tokenizer": (["runtime/tokenizer.py"], ["tests/runtime/test_vocab_files.py"]),
+}
+
+# (module, source of the mutated node, mutation) -> why no test can kill it
+EQUIVALENT: dict[tuple[str, str, str], str] = {}
+
+CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
+            ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+BIN_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult}
+
+
+def _skip_regions(tree: ast.AST) -> set[int]:
+    """ids of nodes not to mutate: raise/assert statements, annotations, docstrings (and all below them)."""
+    skip: set[int] = set()
+
+    def mark(n):
+        for sub in ast.walk(n):
+            skip.add(id(sub))
+
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Raise, ast.Assert)):
+            mark(n)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for a in [*n.args.args, *n.args.kwonlyargs, *n.args.posonlyargs, n.args.vararg, n.args.kwarg]:
+                if a is not None and a.annotation is not None:
+                    mark(a.annotation)
+            if n.returns is not None:
+                mark(n.returns)
+        elif isinstance(n, ast.AnnAssign):
+            mark(n.annotation)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body:
+            first = n.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                mark(first)
+    return skip
+
+
+def sites(tree: ast.AST) -> list[tuple[ast.AST, str, object]]:
+    """Every (node, mutation name, detail) in a deterministic order (ast.walk)."""
+    skip = _skip_regions(tree)
+    out = []
+    for n in ast.walk(tree):
+        if id(n) in skip:
+            continue
+        if isinstance(n, ast.Compare):
+            for i, op in enumerate(n.ops):
+                if type(op) in CMP_SWAP:
+                    out.append((n, f"cmp {type(op).__name__}->{CMP_SWAP[type(op)].__name__}", i))
+        elif isinstance(n, ast.BinOp):
+            if type(n.op) in BIN_SWAP:
+                out.append((n, f"binop {type(n.op).__name__}->{BIN_SWAP[type(n.op)].__name__}", None))
+            if isinstance(n.op, (ast.Add, ast.Sub)):
+                out.append((n, "drop right term", None))
+        elif isinstance(n, ast.AugAssign) and type(n.op) in (ast.Add, ast.Sub):
+            out.append((n, f"augassign {type(n.op).__name__}->{BIN_SWAP[type(n.op)].__name__}", None))
+        elif isinstance(n, ast.Constant) and type(n.value) in (int, float) and not isinstance(n.value, bool):
+            out.append((n, "const +1", None))
+            if n.value != 0:
+                out.append((n, "const -1", None))
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("min", "max"):
+            out.append((n, f"call {n.func.id}->{'max' if n.func.id == 'min' else 'min'}", None))
+        elif isinstance(n, ast.BoolOp):
+            out.append((n, f"boolop {type(n.op).__name__}->{'Or' if isinstance(n.op, ast.And) else 'And'}", None))
+        elif isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
+            out.append((n, "drop not", None))
+    return out
+
+
+class _Replace(ast.NodeTransformer):
+    def __init__(self, target: ast.AST, new: ast.AST):
+        self.target, self.new = target, new
+
+    def visit(self, node):
+        if node is self.target:
+            return self.new
+        return self.generic_visit(node)
+
+
+def mutate(source: str, k: int) -> tuple[str, str, str, int]:
+    """The source with site k mutated; (new source, mutation, original node's source, line)."""
+    tree = ast.parse(source)
+    node, kind, detail = sites(tree)[k]
+    seg = ast.get_source_segment(source, node) or ast.unparse(node)
+    line = getattr(node, "lineno", 0)
+    new = copy.deepcopy(node)
+    if kind.startswith("cmp"):
+        new.ops[detail] = CMP_SWAP[type(node.ops[detail])]()
+    elif kind.startswith("binop"):
+        new.op = BIN_SWAP[type(node.op)]()
+    elif kind == "drop right term":
+        new = copy.deepcopy(node.left)
+    elif kind.startswith("augassign"):
+        new.op = BIN_SWAP[type(node.op)]()
+    elif kind == "const +1":
+        new.value = node.value + 1
+    elif kind == "const -1":
+        new.value = node.value - 1
+    elif kind.startswith("call"):
+        new.func.id = "max" if node.func.id == "min" else "min"
+    elif kind.startswith("boolop"):
+        new.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+    elif kind == "drop not":
+        new = copy.deepcopy(node.operand)
+    tree = ast.fix_missing_locations(_Replace(node, new).visit(tree))
+    return ast.unparse(tree), kind, seg, line
+
+
+def _pytest(work: Path, tests: list[str], deselect: list[str], timeout: float) -> tuple[str, float, str]:
+    env = {**os.environ, "PYTHONPATH": str(work / "src"), "PYTHONDONTWRITEBYTECODE": "1",
+           "INFERLAB_ALLOW_ACCEPTANCE_SKIP": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow", "--no-header", "-rN",
+           *tests, *[f"--deselect={d}" for d in deselect]]
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout", time.perf_counter() - t0, ""
+    dt = time.perf_counter() - t0
+    if r.returncode == 0:
+        return "passed", dt, r.stdout
+    if r.returncode == 5:  # nothing collected
+        return "no-tests", dt, r.stdout
+    return "failed", dt, r.stdout
+
+
+def _failing(stdout: str) -> list[str]:
+    return [ln.split()[1] for ln in stdout.splitlines() if ln.startswith(("FAILED ", "ERROR ")) and "::" in ln]
+
+
+def _baseline(work: Path, tests: list[str]) -> tuple[float, list[str]]:
+    """Seconds of the unmutated subset, and its failing tests (deselected for the mutants)."""
+    deselect: list[str] = []
+    for _ in range(5):
+        env = {**os.environ, "PYTHONPATH": str(work / "src"), "PYTHONDONTWRITEBYTECODE": "1", "INFERLAB_ALLOW_ACCEPTANCE_SKIP": "1"}
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", "-rfE", *tests,
+               *[f"--deselect={d}" for d in deselect]]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+        dt = time.perf_counter() - t0
+        if r.returncode == 0:
+            return dt, deselect
+        bad = _failing(r.stdout)
+        if not bad:
+            raise SystemExit(f"the unmutated subset {tests} fails without naming a test:\n{r.stdout[-2000:]}")
+        deselect += bad
+    raise SystemExit(f"the unmutated subset {tests} keeps failing: {deselect}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
+    ap.add_argument("--per-target", type=int, default=25, help="mutants sampled per target")
+    ap.add_argument("--all", action="store_true", help="every site (slow)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout-factor", type=float, default=4.0)
+    ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "mutation.json"))
+    ap.add_argument("--keep", action="store_true", help="keep the /tmp/mut-* copy")
+    args = ap.parse_args()
+    names = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TARGETS]
+    if unknown:
+        raise SystemExit(f"unknown target(s) {unknown}; known: {', '.join(TARGETS)}")
+
+    work = Path(tempfile.mkdtemp(prefix="mut-", dir="/tmp"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    shutil.copytree(REPO / "src", work / "src", ignore=ignore)
+    shutil.copytree(REPO / "tests", work / "tests", ignore=ignore)
+    shutil.copy(REPO / "pyproject.toml", work / "pyproject.toml")
+    rng = random.Random(args.seed)
+    started = time.time()
+    results, per_target = [], {}
+    try:
+        for name in names:
+            modules, tests = TARGETS[name]
+            modules = [m for m in modules if (work / "src" / "inferlab" / m).is_file()]
+            base_s, deselect = _baseline(work, tests)
+            timeout = max(60.0, args.timeout_factor * base_s)
+            all_sites = []
+            for m in modules:
+                src = (work / "src" / "inferlab" / m).read_text()
+                all_sites += [(m, k) for k in range(len(sites(ast.parse(src))))]
+            chosen = all_sites if args.all else rng.sample(all_sites, min(args.per_target, len(all_sites)))
+            print(f"[{name}] {len(all_sites)} sites in {', '.join(modules)}; {len(chosen)} mutants; "
+                  f"tests {' '.join(tests)} ({base_s:.1f} s unmutated, {len(deselect)} failing there deselected)", flush=True)
+            counts = {"killed": 0, "survived": 0, "equivalent": 0, "timeout": 0, "sites": len(all_sites), "mutants": len(chosen)}
+            for m, k in sorted(chosen):
+                path = work / "src" / "inferlab" / m
+                original = path.read_text()
+                new, kind, seg, line = mutate(original, k)
+                path.write_text(new)
+                try:
+                    outcome, dt, out = _pytest(work, tests, deselect, timeout)
+                finally:
+                    path.write_text(original)
+                if outcome == "no-tests":
+                    raise SystemExit(f"[{name}] no tests collected for {tests}")
+                status = {"failed": "killed", "timeout": "timeout", "passed": "survived"}[outcome]
+                why = EQUIVALENT.get((m, seg, kind))
+                if status == "survived" and why:
+                    status = "equivalent"
+                counts[status] += 1
+                killer = _failing(out)[:1]
+                src_line = original.splitlines()[line - 1].strip() if 0 < line <= len(original.splitlines()) else ""
+                rec = {"target": name, "module": m, "line": line, "mutation": kind, "node": seg[:200], "source_line": src_line[:200], "status": status,
+                       "seconds": round(dt, 2), "killed_by": killer[0] if killer else None}
+                if why:
+                    rec["equivalent_because"] = why
+                results.append(rec)
+                mark = {"killed": ".", "timeout": "T", "survived": "S", "equivalent": "e"}[status]
+                print(f"  {mark} {m}:{line} {kind}: {seg[:70]!r} ({dt:.1f} s)", flush=True)
+            denom = counts["killed"] + counts["timeout"] + counts["survived"]
+            counts["killed_share"] = (counts["killed"] + counts["timeout"]) / denom if denom else None
+            per_target[name] = counts
+            print(f"[{name}] killed {counts['killed'] + counts['timeout']} of {denom} non-equivalent mutants "
+                  f"({counts['killed_share']:.0%}), {counts['equivalent']} equivalent", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    total_killed = sum(c["killed"] + c["timeout"] for c in per_target.values())
+    total = sum(c["killed"] + c["timeout"] + c["survived"] for c in per_target.values())
+    summary = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seed": args.seed,
+               "per_target": args.per_target if not args.all else "all", "seconds": round(time.time() - started),
+               "killed": total_killed, "non_equivalent": total, "killed_share": total_killed / total if total else None,
+               "targets": per_target, "survivors": [r for r in results if r["status"] == "survived"],
+               "equivalent": [r for r in results if r["status"] == "equivalent"], "mutants": results}
+    print(f"\nkilled {total_killed} of {total} non-equivalent mutants ({summary['killed_share']:.1%}) in {summary['seconds']} s")
+    for r in summary["survivors"]:
+        print(f"  SURVIVED {r['module']}:{r['line']} {r['mutation']}: {r['node'][:60]!r} in {r['source_line'][:100]!r}")
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    Path(args.json).write_text(json.dumps(summary, indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
