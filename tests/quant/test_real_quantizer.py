@@ -254,3 +254,21 @@ def test_written_model_runs_in_llama_cpp(tmp_path):
         assert len(llm.scores[len(tokens) - 1]) == spec.vocab_size
     finally:
         llm.close()
+
+
+def test_fused_phi3_layout_loads_in_llama_cpp(tmp_path):
+    """The fused tensors as models.inventory lays them out (attn_qkv 256 x (256 + 2 x 256), ffn_up
+    holding gate and up, 256 x 2 x 256, the longrope factors) pass llama.cpp's phi3 loader, which
+    checks every tensor's shape, and the model evaluates."""
+    spec = ModelSpec(name="phi3 loadable", arch="phi3", n_layers=4, d_model=256, n_heads=8, n_kv_heads=8, head_dim=32,
+                     d_ff=256, vocab_size=320, n_ctx_train=2048, rope_factors=True)
+    shapes = {t.name: t.shape for t in tensor_inventory(spec)}
+    assert shapes["blk.0.attn_qkv.weight"] == (256, 768) and shapes["blk.0.ffn_up.weight"] == (256, 512)
+    src = write_skeleton(spec, tmp_path / "phi3.gguf", data="random", tokenizer=True)
+    llm = llama_cpp.Llama(model_path=str(src), n_ctx=64, n_threads=2, verbose=False)
+    try:
+        tokens = llm.tokenize(b"hello world")
+        llm.eval(tokens)
+        assert len(llm.scores[len(tokens) - 1]) == spec.vocab_size
+    finally:
+        llm.close()

@@ -57,11 +57,14 @@ def _is_f32(name: str, shape: tuple[int, ...]) -> bool:
     return len(shape) == 1 or not name.endswith("weight") or "ffn_gate_inp" in name
 
 
-def write_skeleton(spec: ModelSpec, path: str | os.PathLike, *, data: str = "none", seed: int = 0) -> Path:
+def write_skeleton(spec: ModelSpec, path: str | os.PathLike, *, data: str = "none", seed: int = 0,
+                   tokenizer: bool = False) -> Path:
     """Write ``spec`` as an F16 GGUF (F32 norms, biases, router) that llama_model_quantize loads.
 
     data "none": the data region is a hole (a sparse file; enough for a dry run, which never reads
     it); "random": seeded normal weights (std 0.02), for a real quantization of a small model.
+    tokenizer: add models.gguf_writer's small SentencePiece-style vocab (vocab_size > 259), so that
+    llama.cpp can load the file as a model (llama_model_load checks every tensor's shape).
     """
     gguf, np, _ = _imports()
     if spec.arch not in CHECKABLE_ARCHITECTURES:
@@ -72,6 +75,10 @@ def write_skeleton(spec: ModelSpec, path: str | os.PathLike, *, data: str = "non
     path = Path(path)
     w = gguf.GGUFWriter(str(path), spec.arch)
     _write_hparams(w, spec)
+    if tokenizer:
+        from ..models.gguf_writer import _write_tokenizer
+
+        _write_tokenizer(w, spec.vocab_size)
     tensors = tensor_inventory(spec)
     sizes = []
     for t in tensors:
