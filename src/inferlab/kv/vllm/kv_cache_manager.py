@@ -89,8 +89,9 @@ class KVCacheManager:
         return hits
 
     def record_admission(self, req: VllmRequest, hit_tokens: int) -> None:
-        """0.33's PrefixCacheStats at admission (previously preempted requests counted apart)."""
-        if self.version == "0.33":
+        """0.33's PrefixCacheStats at admission (previously preempted requests counted apart);
+        nothing without prefix caching (vLLM then skips the lookup and its stats)."""
+        if self.version == "0.33" and self.enable_prefix_caching:
             if req.preemptions == 0:
                 self.queries += req.num_tokens
                 self.hits += hit_tokens
