@@ -179,7 +179,8 @@ def sglang_defaults(total_bytes: float, tp: int = 1) -> tuple[float, float, int,
     return round((mib - reserved) / mib, 3), reserved, chunk, bs
 
 
-def sglang_pool(spec: ModelSpec, machine: Machine, scheme, kv_type: str = "auto", *, mem_fraction_static: float | None = None) -> SglangPool:
+def sglang_pool(spec: ModelSpec, machine: Machine, scheme, kv_type: str = "auto", *, mem_fraction_static: float | None = None,
+                context_length: int | None = None) -> SglangPool:
     if not machine.gpus:
         raise InvalidValueError(f"SGLang needs a GPU; {machine.name} has none (llama.cpp runs on CPUs)")
     total = gpu_capacity_bytes(machine.gpus[0], machine)
@@ -191,7 +192,7 @@ def sglang_pool(spec: ModelSpec, machine: Machine, scheme, kv_type: str = "auto"
     weights = weight_bytes(spec, scheme)["total"]
     kv = frac * total - weights
     tokens = max(0, int(kv // (kv_values_per_token(spec) * _engine_value_bytes("sglang", kv_type))))
-    line = f"max_total_num_tokens={tokens}, chunked_prefill_size={chunk}, context_len={spec.n_ctx_train}"
+    line = f"max_total_num_tokens={tokens}, chunked_prefill_size={chunk}, context_len={context_length or spec.n_ctx_train}"
     return SglangPool(total, frac, reserved, chunk, bs, weights, kv, tokens, line)
 
 

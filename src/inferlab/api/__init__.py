@@ -14,7 +14,11 @@ from .setup import Setup, configure
 from .simulate import SimReport, simulate
 from .trace import TraceReport, trace
 from .roofline import RooflineReport, roofline
+from .capacity import CapacityReport, capacity
+from .advise import AdviceReport, advise
+from .diagnose import DiagnosisReport, diagnose
 
 __all__ = ["SCHEMA_VERSION", "Figure", "FitReport", "MachineReport", "PlanReport", "Report", "Setup", "SimReport",
            "configure", "fit", "machine", "plan", "simulate",
-           "TraceReport", "trace", "RooflineReport", "roofline"]
+           "TraceReport", "trace", "RooflineReport", "roofline",
+           "CapacityReport", "capacity", "AdviceReport", "advise", "DiagnosisReport", "diagnose"]

@@ -20,6 +20,9 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "serve": ("serve",),
     "trace": ("trace",),
     "roofline": ("roofline",),
+    "capacity": ("capacity",),
+    "advise": ("advise",),
+    "diagnose": ("diagnose",),
 }
 
 
