@@ -190,3 +190,12 @@ def test_load_of_a_real_gguf_reads_its_header_bytes(tmp_path):
     assert head.name == "read header" and head.bytes_moved == os.path.getsize(path) - tensor_bytes > 0
     assert head.s == pytest.approx(head.bytes_moved / 3.5e9)
     assert r.second_launch[0].s == 0.0  # in the page cache
+
+
+def test_a_file_larger_than_ram_is_not_in_the_page_cache_on_the_second_launch():
+    # Llama 3.1 405B Q4_K_M: ~243 GB of weights against 64 GB of DDR5: the second launch reads the drive again
+    r = trace("load", "llama-3.1-405b", "rtx4090", n_ctx=4096)
+    assert r.second_launch_s == pytest.approx(r.total_s) and any("page cache" in n for n in r.notes)
+    assert any("re-read from the drive on every token" in n for n in r.notes)
+    small = trace("load", "qwen2.5-32b", "rtx4060ti", n_ctx=8192)
+    assert small.second_launch_s < small.total_s / 3
