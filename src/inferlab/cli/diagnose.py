@@ -7,7 +7,7 @@ import click
 from .common import echo_json, safe
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("model")
 @click.option("--on", "machine_name", required=True, help="Machine: a catalog key or 'local'.")
 @click.option("--engine", type=click.Choice(["llamacpp", "vllm", "sglang"]), default="llamacpp", show_default=True)
