@@ -62,7 +62,13 @@ def test_this_machine_cpu_cores_ram_and_no_gpu():
     assert origins["GPU"].startswith("read:") and "not installed" in origins["GPU"]
     # the profile's figures, not guesses, for bandwidth and matmul
     assert d.machine.ram.bandwidth_gbs == 12.5 and d.machine.ram.fp32_tflops == 0.11
-    assert origins["RAM bandwidth"].startswith("calibrated: 2026-11-29")
+    assert origins["RAM bandwidth"].startswith("calibrated: profile local@20261129T1400Z of 2026-11-29")
+    # no llama.cpp runs in this profile: the CPU kernel rates are the ISA class's reference, carried
+    # here by the profile's matmul figures where the reference has them too, and the rates say so
+    from inferlab.perf.cpu_model import rates_label
+
+    assert "scaled by machine profile local@20261129T1400Z" in rates_label(d.machine.ram)
+    assert "calibrated: " in origins["CPU kernel rates"]
 
 
 def test_resolve_machine_local_is_the_library_entry_point():

@@ -49,12 +49,25 @@ def machine(gpu: str | None, cpu: str | None, no_profile: bool, as_json: bool) -
 
 @click.command("calibrate")
 @click.option("--threads", "threads", metavar="N,N", help="Thread counts for the read-bandwidth runs (default 1,2,4.. up to the cores).")
-@click.option("--repeats", default=5, show_default=True, type=click.IntRange(2, 50), help="Repetitions per figure (median, spread).")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(2, 50),
+              help="Repetitions per figure at least; more until the two fastest agree within 5 %.")
 @click.option("--size-mib", type=click.IntRange(16, 65536), help="Working set in MiB (default: 4x the last-level cache, >= 256).")
+@click.option("--engine", type=click.Choice(["none", "llama.cpp"]), default="none", show_default=True,
+              help="Also time this engine's own CPU kernels on pure-type toy models and fit this CPU's rates (llama.cpp: "
+                   "llama-cpp-python).")
+@click.option("--types", "types", metavar="T,T", help="With --engine llama.cpp: the ggml types to time (default: every type "
+              "llama.cpp's quantizer makes without an importance matrix; 'quick' for F16,Q4_0,Q4_1,Q8_0,Q4_K,Q6_K).")
+@click.option("--n-gen", default=64, show_default=True, type=click.IntRange(8, 1024), help="With --engine: decode steps per run (tg).")
+@click.option("--n-prompt", default=128, show_default=True, type=click.IntRange(0, 2048), help="With --engine: prompt tokens (pp; 0: none).")
+@click.option("--realtime", is_flag=True, help="Time at real-time priority (root): other processes stay off the cores meanwhile.")
+@click.option("--accept-noisy", is_flag=True, help="Save even when figures are unstable or the machine was busy (flagged in the profile).")
 @click.option("--no-save", is_flag=True, help="Measure and print, do not write the profile.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
-def calibrate(threads: str | None, repeats: int, size_mib: int | None, no_save: bool, as_json: bool) -> None:
-    """Measure memory bandwidth and matmul throughput here; save the machine profile `--on local` uses."""
+def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: str, types: str | None, n_gen: int, n_prompt: int,
+              realtime: bool, accept_noisy: bool, no_save: bool, as_json: bool) -> None:
+    """Measure memory bandwidth and matmul throughput here (and llama.cpp's kernels with --engine);
+    save the machine profile `--on local` uses. Figures are the best sustained repetition; a
+    profile whose figures disagree across repetitions or were measured on a busy machine is not saved."""
     from ..errors import InvalidValueError
     from ..hardware import calibrate as cal
 
@@ -66,7 +79,13 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, no_save: 
             raise InvalidValueError(f"--threads {threads!r} must be comma-separated positive integers, e.g. 1,2,4") from None
         if any(c <= 0 for c in counts):
             raise InvalidValueError(f"--threads {threads!r} must be comma-separated positive integers, e.g. 1,2,4")
+    if types and engine == "none":
+        raise InvalidValueError("--types needs --engine llama.cpp")
     steps = cal.plan(counts, size_mib * 2**20 if size_mib else None, repeats)
+    if engine == "llama.cpp":
+        type_list = cal.QUICK_TYPES if types == "quick" else tuple(t.strip().upper() for t in types.split(",") if t.strip()) \
+            if types else tuple(cal.LLAMA_CPP_TYPES)
+        steps += cal.llama_cpp_plan(type_list, n_gen=n_gen, n_prompt=n_prompt, repeats=3, rt=realtime)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     con = _console() if not as_json else None
@@ -77,16 +96,34 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, no_save: 
         task = progress.add_task("calibrating", total=len(steps))
 
         def on_step(step, m, why):
-            line = f"{step.label}: {m.median:.3g} {m.unit} (spread {m.spread:.0%})" if m else f"{step.label}: skipped ({why})"
+            if m:
+                flag = "" if m.stable() and not (m.interference and m.interference.problems) else " [yellow](flagged)[/]"
+                line = f"{step.label}: {m.best:.3g} {m.unit} best (median {m.median:.3g}, {len(m.samples)} runs){flag}"
+            else:
+                line = f"{step.label}: skipped ({why})"
             progress.console.print(line) if not as_json else None
             progress.update(task, advance=1, description=step.label)
 
-        profile = cal.run_calibration(steps, on_step)
+        with cal.realtime(realtime) as why_not:
+            if realtime and why_not:
+                progress.console.print(f"[yellow]{why_not}: timing at normal priority[/]")
+            profile = cal.run_calibration(steps, on_step)
+    if profile["problems"] and not accept_noisy and not no_save:
+        raise cal.UnstableMeasurementError(profile["problems"])
+    if profile["problems"]:
+        profile["accepted_with_problems"] = True
     where = None if no_save else cal.save_profile(profile)
     if as_json:
         click.echo(json.dumps(profile, indent=1))
     else:
-        con.print(f"done in {profile['duration_s']:.1f} s" + (f"; profile saved to {where}" if where else " (not saved)"))
+        con.print(f"done in {profile['duration_s']:.1f} s" + (f"; profile {cal.profile_id(profile)} saved to {where}" if where else " (not saved)"))
+        ref = (profile.get("llama_cpp") or {}).get("reference")
+        if ref:
+            con.print(f"llama.cpp on this CPU: overhead {ref['overhead_s_per_layer'] * 1e6:.0f} us/layer; per core " + ", ".join(
+                f"{ty} {r / 1e9:.1f}" for ty, r in sorted(ref["per_core_bytes_per_s"].items())) + " GB/s; fit residual "
+                + ", ".join(f"{t} thread(s) {v:.0%}" for t, v in ref["max_rel_residual_by_threads"].items()))
+        for why in profile["problems"]:
+            con.print(f"[yellow]flagged: {why}[/]")
         for key, why in profile["skipped"].items():
             con.print(f"[dim]skipped {key}: {why}[/]")
     sys.stdout.flush()
@@ -94,17 +131,21 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, no_save: 
 
 @click.command("validate")
 @click.option("--engine", type=click.Choice(["llama.cpp"]), default="llama.cpp", show_default=True, help="The engine to check against.")
-@click.option("--models", default="toy-125m,toy-200m,toy-290m", show_default=True, help="Toy models to write (random weights): comma-separated.")
+@click.option("--models", default="toy-smol,toy-200m,toy-290m", show_default=True,
+              help="Toy models to write (random weights): comma-separated (calibrate fits on toy-125m and toy-thin).")
 @click.option("--presets", default="Q4_K_M,Q8_0", show_default=True, help="llama-quantize presets to make of each.")
 @click.option("--gguf", "gguf_paths", multiple=True, type=click.Path(exists=True, dir_okay=False), help="Also run this GGUF file.")
 @click.option("--threads", type=click.IntRange(1, 1024), help="Threads for llama.cpp (default: the physical cores).")
 @click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 20))
 @click.option("--n-prompt", default=512, show_default=True, type=click.IntRange(0, 8192))
 @click.option("--n-gen", default=128, show_default=True, type=click.IntRange(0, 4096))
+@click.option("--realtime", is_flag=True, help="Time at real-time priority (root): other processes stay off the cores meanwhile.")
+@click.option("--no-profile", is_flag=True, help="Ignore the machine profile: predict with the stored reference of this ISA class.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...], threads: int | None, repetitions: int,
-             n_prompt: int, n_gen: int, as_json: bool) -> None:
-    """Measured vs predicted prefill and decode tokens/s on this machine, llama-bench style."""
+             n_prompt: int, n_gen: int, realtime: bool, no_profile: bool, as_json: bool) -> None:
+    """Measured vs predicted prefill and decode tokens/s on this machine, llama-bench style. The
+    measured figure is the fastest repetition; rows whose repetitions disagree are flagged."""
     from ..hardware import validate as v
 
     model_list = tuple(m for m in models.split(",") if m)
@@ -114,49 +155,68 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
             from ..errors import UnknownNameError
 
             raise UnknownNameError("toy model", m, v.TOY_MODELS)
+    for p in preset_list:
+        if p not in v.FTYPES:
+            from ..errors import UnknownNameError
+
+            raise UnknownNameError("quantization preset", p, v.FTYPES)
     con = _console()
     err = __import__("rich.console", fromlist=["Console"]).Console(stderr=True)
 
     def on_row(r):
         if not as_json:
-            err.print(f"[dim]{r.model} {r.preset}: tg{n_gen} {r.measured.tg:.1f} tok/s measured, {r.predicted_tg:.1f} predicted[/]")
+            err.print(f"[dim]{r.model} {r.preset}: tg{n_gen} {r.measured.best('tg'):.1f} tok/s measured, {r.predicted_tg:.1f} predicted[/]")
 
     with err.status("writing models and running llama.cpp (pp%d, tg%d, %d repetitions)..." % (n_prompt, n_gen, repetitions)):
-        rows = v.validate_llama_cpp(model_list, preset_list, threads, repetitions, n_prompt, n_gen, gguf_paths, on_row=on_row)
+        rows = v.validate_llama_cpp(model_list, preset_list, threads, repetitions, n_prompt, n_gen, gguf_paths, on_row=on_row,
+                                    rt=realtime, profile=not no_profile)
     if as_json:
         click.echo(json.dumps([{
             "model": r.model, "preset": r.preset, "n_params": r.n_params, "decode_bytes": r.decode_bytes, "threads": r.n_threads,
-            "pp_measured": r.measured.pp, "pp_samples": list(r.measured.pp_tok_s), "pp_predicted": r.predicted_pp, "pp_error": r.pp_error,
-            "tg_measured": r.measured.tg, "tg_samples": list(r.measured.tg_tok_s), "tg_cpu_samples": list(r.measured.tg_cpu_tok_s),
-            "tg_predicted": r.predicted_tg, "tg_error": r.tg_error,
+            "pp_measured": r.measured.best("pp") if r.measured.pp_tok_s else None, "pp_samples": list(r.measured.pp_tok_s),
+            "pp_predicted": r.predicted_pp, "pp_error": r.pp_error,
+            "tg_measured": r.measured.best("tg") if r.measured.tg_tok_s else None, "tg_samples": list(r.measured.tg_tok_s),
+            "tg_cpu_samples": list(r.measured.tg_cpu_tok_s), "tg_predicted": r.predicted_tg,
+            "tg_error": r.tg_error if r.measured.tg_tok_s else None, "flags": list(r.flags), "rates": r.rates,
             "dominant_limit": r.limits.dominant, "memory_s": r.limits.memory_s, "compute_s": r.limits.compute_s,
             "overhead_s": r.limits.overhead_s, "eta": r.limits.eta, "bandwidth_gbs": r.limits.bandwidth_gbs,
             "perf_model_pp": r.perf_model_pp, "perf_model_tg": r.perf_model_tg, "perf_model_tg_error": r.perf_model_tg_error,
             "perf_model_note": r.perf_model_note} for r in rows], indent=1))
         return
+    from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"llama.cpp on this machine vs inferlab ({rows[0].n_threads if rows else '?'} threads, median of {repetitions})",
+    con = Console(width=200) if not con.is_terminal else con  # piped: whole ids and columns, no wrapping at 80
+    t = Table(title=f"llama.cpp on this machine vs inferlab ({rows[0].n_threads if rows else '?'} threads, best of {repetitions})",
               title_justify="left")
-    for col in ("model", "preset", "MB/tok", f"pp{n_prompt}", "pred.", "err", f"tg{n_gen}", "pred.", "err", "perf_model", "limit"):
-        t.add_column(col, justify="left" if col in ("model", "preset", "limit") else "right")
+    for col in ("model", "preset", "MB/tok", f"pp{n_prompt}", "pred.", "err", f"tg{n_gen}", "pred.", "err", "perf_model", "limit", "flag"):
+        t.add_column(col, justify="left" if col in ("model", "preset", "limit", "flag") else "right", no_wrap=col == "model")
 
-    def pct(e):
-        return "—" if e is None else f"{e:+.0%}"
+    def pct(e, shaky=False):
+        return "—" if e is None else f"{e:+.0%}" + ("?" if shaky else "")
 
     for r in rows:
         pm = "—" if r.perf_model_tg is None else f"{r.perf_model_tg:.1f} ({pct(r.perf_model_tg_error)})"
-        t.add_row(r.model, r.preset, f"{r.decode_bytes / 1e6:.0f}", f"{r.measured.pp:.1f}",
-                  "—" if r.predicted_pp is None else f"{r.predicted_pp:.1f}", pct(r.pp_error),
-                  f"{r.measured.tg:.1f}", f"{r.predicted_tg:.1f}", pct(r.tg_error), pm,
-                  "bandwidth" if r.limits.dominant == "bandwidth" else "per-core")
+        has_pp, has_tg = bool(r.measured.pp_tok_s), bool(r.measured.tg_tok_s)
+        t.add_row(r.model, r.preset, f"{r.decode_bytes / 1e6:.0f}", f"{r.measured.best('pp'):.1f}" if has_pp else "—",
+                  "—" if r.predicted_pp is None else f"{r.predicted_pp:.1f}", pct(r.pp_error, r.unstable("pp")),
+                  f"{r.measured.best('tg'):.1f}" if has_tg else "—", f"{r.predicted_tg:.1f}", pct(r.tg_error if has_tg else None, r.unstable("tg")),
+                  pm, "bandwidth" if r.limits.dominant == "bandwidth" else "per-core", "; ".join(r.flags) or "")
     con.print(t)
     if rows:
         r = rows[0]
-        con.print(f"decode: bandwidth limit = bytes / ({r.limits.eta:.2f} x {r.limits.bandwidth_gbs:.1f} GB/s measured); per-core limit = "
+        con.print(f"CPU rates: {r.rates}")
+        con.print(f"decode: bandwidth limit = bytes / ({r.limits.eta:.2f} x {r.limits.bandwidth_gbs:.1f} GB/s); per-core limit = "
                   "bytes / (llama.cpp's dequantize+dot rate per core x threads, inferlab.perf.cpu_model) + overhead per layer")
-        con.print("prefill: 2 FLOP per weight at the measured fp32 matmul rate x the CPU prefill efficiency (cpu_model)")
+        con.print("prefill: 2 FLOP per block weight per token at each type's share of the fp32 peak (cpu_model)")
         if r.perf_model_note:
             con.print(f"[dim]perf_model: {r.perf_model_note}[/]")
-        worst = max(abs(x.tg_error) for x in rows)
-        con.print(f"worst decode error: {worst:.0%}: decode predictions for this machine are {'within' if worst <= 0.25 else 'outside'} 25 %")
+        scored = [abs(e) for x in rows for e, m in ((x.tg_error if x.measured.tg_tok_s else None, "tg"), (x.pp_error, "pp"))
+                  if e is not None and not x.unstable(m)]
+        flagged = sum(len(x.flags) for x in rows)
+        if scored:
+            worst = max(scored)
+            con.print(f"worst error over {len(scored)} steady figures: {worst:.0%} ({'within' if worst <= 0.15 else 'outside'} 15 %)"
+                      + (f"; {flagged} figure(s) flagged: their repetitions disagree, so they are not scored" if flagged else ""))
+        elif flagged:
+            con.print(f"[yellow]every figure is flagged ({flagged}): the repetitions disagree; run again on a quiet machine or with --realtime[/]")

@@ -12,6 +12,7 @@ The profile is a JSON file in the user's config directory ($XDG_CONFIG_HOME/infe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -20,10 +21,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ..errors import FileFormatError, InvalidValueError, MissingDependencyError, check_positive
+from ..errors import FileFormatError, InferlabError, InvalidValueError, MissingDependencyError, check_positive
 
 PROFILE_VERSION = 1
 PROFILE_NAME = "machine_profile.json"
+STABLE_TOL = 0.05  # the two fastest repetitions of a figure agree within 5 %
+BUSY_CPUS = 0.5  # other processes may use this many CPUs beyond those a measurement leaves free (RT throttling leaves them ~0.1)
+STEAL_MAX = 0.05  # share of CPU time the hypervisor may give to other guests
 
 
 @dataclass(frozen=True)
@@ -39,13 +43,121 @@ class Measurement:
     def median(self) -> float:
         return statistics.median(self.samples)
 
+    interference: "Interference | None" = None  # what else ran while it was measured
+    extra: dict | None = None  # facts a fit needs besides the samples (bytes per token, layers...)
+
     @property
     def spread(self) -> float:
         return (max(self.samples) - min(self.samples)) / self.median if self.median else 0.0
 
+    @property
+    def best(self) -> float:
+        """The capability figure: the fastest repetition (a machine cannot run faster than it can;
+        other work only ever slows a repetition down, so the median of a disturbed run is low)."""
+        return max(self.samples)
+
+    @property
+    def best_two_gap(self) -> float:
+        """(best - second best) / best: 0 when the two fastest repetitions agree."""
+        top = sorted(self.samples, reverse=True)
+        return (top[0] - top[1]) / top[0] if len(top) > 1 and top[0] else 1.0
+
+    def stable(self, tol: float = STABLE_TOL) -> bool:
+        """The two fastest repetitions agree within ``tol`` (a sustained rate, not one lucky run)."""
+        return len(self.samples) >= 2 and self.best_two_gap <= tol
+
     def to_json(self) -> dict:
-        return {"median": self.median, "min": min(self.samples), "max": max(self.samples), "spread": self.spread,
-                "samples": list(self.samples), "unit": self.unit, "detail": self.detail}
+        out = {"best": self.best, "median": self.median, "min": min(self.samples), "max": max(self.samples), "spread": self.spread,
+               "best_two_gap": self.best_two_gap, "samples": list(self.samples), "unit": self.unit, "detail": self.detail}
+        if self.interference is not None:
+            out["interference"] = self.interference.to_json()
+        if self.extra:
+            out["extra"] = dict(self.extra)
+        return out
+
+
+# ---------------------------------------------------------------- interference: what else ran meanwhile
+
+
+
+def _cpu_jiffies() -> tuple[float, float, float] | None:
+    """(busy, steal, total) jiffies of all CPUs since boot, from /proc/stat (Linux), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            f = [float(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(f) < 8:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = f[:8]
+    return user + nice + system + irq + softirq, steal, sum(f[:8])
+
+
+@dataclass(frozen=True)
+class Interference:
+    """What else used this machine while a figure was measured.
+
+    others_cpus: CPUs' worth of time used by other processes (all busy time less this process's);
+    free_cpus: CPUs the measurement left free (the machine's less the threads it ran);
+    steal_share: share of time the hypervisor ran other guests on these CPUs;
+    load_avg: the 1-minute load average at the start."""
+
+    others_cpus: float | None
+    free_cpus: float
+    steal_share: float | None
+    load_avg: float | None
+    n_cpus: int
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        out = []
+        if self.others_cpus is not None and self.others_cpus > self.free_cpus + BUSY_CPUS:
+            out.append(f"other processes used {self.others_cpus:.1f} of {self.n_cpus} CPUs while it ran "
+                       f"({self.free_cpus:.0f} left free): the machine is busy")
+        if self.steal_share is not None and self.steal_share > STEAL_MAX:
+            out.append(f"the hypervisor stole {self.steal_share:.0%} of the CPU time (other guests on this host)")
+        return tuple(out)
+
+    def to_json(self) -> dict:
+        return {"others_cpus": self.others_cpus, "free_cpus": self.free_cpus, "steal_share": self.steal_share,
+                "load_avg": self.load_avg, "n_cpus": self.n_cpus, "problems": list(self.problems)}
+
+
+class watch:  # noqa: N801 (a context manager used as a function)
+    """``with watch(threads) as w: ...`` then ``w.result``: the Interference over the block."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.result: Interference | None = None
+
+    def __enter__(self) -> "watch":
+        self.n = os.cpu_count() or 1
+        try:
+            self.load = os.getloadavg()[0]
+        except (OSError, AttributeError):
+            self.load = None
+        self.j0, self.own0, self.t0 = _cpu_jiffies(), time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        j1, own1, t1 = _cpu_jiffies(), time.process_time(), time.perf_counter()
+        others = steal = None
+        wall = max(t1 - self.t0, 1e-9)
+        if self.j0 and j1 and wall > 0.05:
+            hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # jiffies per CPU-second (USER_HZ)
+            busy = (j1[0] - self.j0[0]) / hz  # CPU-seconds busy, all processes
+            others = max(0.0, busy - (own1 - self.own0)) / wall  # CPUs' worth used by the others
+            steal = (j1[1] - self.j0[1]) / max(j1[2] - self.j0[2], 1.0)
+        self.result = Interference(others, max(0, self.n - self.threads), steal, self.load, self.n)
+
+
+def repeat_until_stable(one: Callable[[], float], *, at_least: int = 3, at_most: int = 12, tol: float = STABLE_TOL) -> list[float]:
+    """Samples of ``one()`` (a rate: higher is better), at least ``at_least`` and until the two
+    fastest agree within ``tol`` or ``at_most`` were taken."""
+    samples = [one() for _ in range(at_least)]
+    while len(samples) < at_most and not Measurement("", "", tuple(samples)).stable(tol):
+        samples.append(one())
+    return samples
 
 
 def _numpy():
@@ -68,18 +180,21 @@ def default_working_set_bytes(llc_bytes: int | None = None) -> int:
     return int(want)
 
 
-def _timed_parallel(threads: int, work: Callable[[int], object], repeats: int) -> list[float]:
-    """Wall time of running work(i) for i in range(threads) at once, after one warm-up round."""
+def _timed_parallel(threads: int, work: Callable[[int], object], repeats: int, amount: float = 1.0) -> list[float]:
+    """Rates (``amount`` over the wall time) of running work(i) for i in range(threads) at once,
+    after one warm-up round: at least ``repeats`` rounds, more until the two fastest agree
+    (repeat_until_stable)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         list(pool.map(work, range(threads)))  # warm-up: pages touched, threads started
-        times = []
-        for _ in range(repeats):
+
+        def one() -> float:
             t0 = time.perf_counter()
             list(pool.map(work, range(threads)))
-            times.append(time.perf_counter() - t0)
-    return times
+            return amount / (time.perf_counter() - t0)
+
+        return repeat_until_stable(one, at_least=repeats, at_most=max(3 * repeats, 6))
 
 
 def read_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: int = 5, clock: str = "wall") -> Measurement:
@@ -101,8 +216,10 @@ def read_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: in
     data = np.ones(total_bytes // 8, dtype=np.float64)
     parts = np.array_split(data, threads)
     if clock == "wall":
-        times = _timed_parallel(threads, lambda i: np.maximum.reduce(parts[i]), repeats)
-        samples = tuple(data.nbytes / t / 1e9 for t in times)
+        with watch(threads) as w:
+            samples = tuple(_timed_parallel(threads, lambda i: np.maximum.reduce(parts[i]), repeats, data.nbytes / 1e9))
+        return Measurement(f"read bandwidth, {threads} thread(s)", "GB/s", samples, interference=w.result,
+                           detail=f"np.maximum.reduce over {threads} slice(s) of a {data.nbytes / 2**20:.0f} MiB float64 array, wall clock")
     else:
         def timed(i: int) -> float:
             c0 = time.thread_time()
@@ -126,8 +243,9 @@ def copy_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: in
     src = np.ones(total_bytes // 16, dtype=np.float64)  # src + dst = total_bytes
     dst = np.zeros_like(src)
     s_parts, d_parts = np.array_split(src, threads), np.array_split(dst, threads)
-    times = _timed_parallel(threads, lambda i: np.copyto(d_parts[i], s_parts[i]), repeats)
-    return Measurement(f"copy bandwidth, {threads} thread(s)", "GB/s", tuple(2 * src.nbytes / t / 1e9 for t in times),
+    with watch(threads) as w:
+        samples = _timed_parallel(threads, lambda i: np.copyto(d_parts[i], s_parts[i]), repeats, 2 * src.nbytes / 1e9)
+    return Measurement(f"copy bandwidth, {threads} thread(s)", "GB/s", tuple(samples), interference=w.result,
                        detail=f"np.copyto of {src.nbytes / 2**20:.0f} MiB in {threads} slice(s); read + write counted")
 
 
@@ -185,13 +303,16 @@ def matmul_tflops(dtype: str, n: int | None = None, threads: int | None = None, 
         run()  # warm-up
     except RuntimeError as exc:
         raise NotSupportedError(f"{dtype} matmul is not available on this CPU build: {exc}") from None
-    times = []
-    for _ in range(repeats):
+    flop = 2.0 * n**3  # one multiply and one add per inner-product term
+
+    def one() -> float:
         t0 = time.perf_counter()
         run()
-        times.append(time.perf_counter() - t0)
-    flop = 2.0 * n**3  # one multiply and one add per inner-product term
-    return Measurement(f"{dtype} matmul", "TFLOP/s", tuple(flop / t / 1e12 for t in times), detail=how)
+        return flop / (time.perf_counter() - t0) / 1e12
+
+    with watch(threads or os.cpu_count() or 1) as w:
+        samples = repeat_until_stable(one, at_least=repeats, at_most=max(3 * repeats, 6))
+    return Measurement(f"{dtype} matmul", "TFLOP/s", tuple(samples), detail=how, interference=w.result)
 
 
 def gpu_measurements(repeats: int = 5) -> Iterator[tuple[str, Measurement]]:
@@ -253,18 +374,288 @@ def plan(threads: tuple[int, ...] | None = None, total_bytes: int | None = None,
     return steps
 
 
+class UnstableMeasurementError(InferlabError):
+    """calibrate measured figures it will not save: unstable across repetitions, or taken while
+    other processes were using the machine."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
+        super().__init__(f"profile not saved: {'; '.join(problems[:2])}{more}. Run it again on a quiet machine "
+                         "(or with --realtime as root), or save it flagged with --accept-noisy")
+
+
+# ---------------------------------------------------------------- llama.cpp's own kernels on this CPU
+
+# The ggml types calibrate can make with llama.cpp's quantizer (llama_model_quantize --pure) and
+# the preset that yields each; IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S and IQ3_XXS need an importance
+# matrix, which llama-cpp-python cannot pass: they take the stand-in of their family (IQ3_S).
+LLAMA_CPP_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1",
+                   "Q8_0": "Q8_0", "Q2_K": "Q2_K", "Q3_K": "Q3_K_S", "Q4_K": "Q4_K_S", "Q5_K": "Q5_K_S", "Q6_K": "Q6_K",
+                   "IQ3_S": "IQ3_S", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "MXFP4": "MXFP4_MOE"}
+QUICK_TYPES = ("F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # the types of the common presets (Q4_K_M, Q8_0, Q4_0/Q4_1 files)
+
+
+@contextlib.contextmanager
+def realtime(enabled: bool = True):
+    """Run the block at real-time priority (SCHED_FIFO 10; the threads llama.cpp starts inherit
+    it), so that other processes on a shared machine stay off the cores while it is timed; yields
+    '' or why it could not (not root, not Linux). The old policy comes back afterwards."""
+    if not enabled:
+        yield "not asked for"
+        return
+
+    def tasks() -> list[int]:  # every thread of this process (an OpenMP pool started earlier too)
+        try:
+            return [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            return [0]
+
+    try:
+        old = {t: (os.sched_getscheduler(t), os.sched_getparam(t)) for t in tasks()}
+        for t in old:
+            os.sched_setscheduler(t, os.SCHED_FIFO, os.sched_param(10))
+    except (AttributeError, OSError) as exc:
+        yield f"real-time priority not available ({exc})"
+        return
+    try:
+        yield ""
+    finally:
+        for t in tasks():
+            policy, param = old.get(t, (os.SCHED_OTHER, os.sched_param(0)))
+            try:
+                os.sched_setscheduler(t, policy, param)
+            except OSError:
+                pass  # the thread ended meanwhile
+
+
+def _bench_measurement(path: str, threads: int, what: str, n_prompt: int, n_gen: int, repeats: int, rt: bool,
+                       extra: dict | None = None) -> Measurement:
+    """tg (tokens/s; 1 thread: per CPU-second of the computing thread) or pp of one model, the
+    llama-bench method, repeated until the two fastest repetitions agree."""
+    from .validate import llama_bench
+
+    samples: list[float] = []
+    with watch(threads) as w:
+        while len(samples) < max(3 * repeats, 6):
+            with realtime(rt):
+                r = llama_bench(path, threads, n_prompt if what == "pp" else 0, n_gen if what == "tg" else 0, repeats)
+            samples += list(r.pp_tok_s if what == "pp" else (r.tg_cpu_tok_s or r.tg_tok_s))
+            if Measurement("", "", tuple(samples)).stable():
+                break
+            repeats = 2
+    clock = "the computing thread's CPU time" if what == "tg" and threads == 1 else "wall clock"
+    return Measurement(f"llama.cpp {what}", "tok/s", tuple(samples), interference=w.result, extra=extra,
+                       detail=f"{os.path.basename(path)}, {threads} thread(s), {what}{n_prompt if what == 'pp' else n_gen}, {clock}")
+
+
+def llama_cpp_plan(types: tuple[str, ...] = tuple(LLAMA_CPP_TYPES), shapes: tuple[str, ...] | None = None,
+                   threads: tuple[int, ...] | None = None, n_gen: int = 64, n_prompt: int = 128, repeats: int = 3,
+                   rt: bool = False, directory: str | None = None) -> list[Step]:
+    """Steps that time llama.cpp on pure-type toy models (validate.FIT_MODELS: two shapes, so
+    the per-layer cost is not confounded with the bytes): tg at 1 thread and at every core, pp at
+    every core. The toys are written and quantized on first use (validate.toy_model's cache)."""
+    from ..errors import UnknownNameError
+    from ..quant.types import ggml_type
+    from .validate import FIT_MODELS, STREAM_MODEL, STREAM_TYPES, TOY_MODELS, _llama_cpp, decode_bytes_by_type, physical_cores, toy_model
+
+    _llama_cpp()  # MissingDependencyError now, not after the bandwidth steps
+    for ty in types:
+        if ty not in LLAMA_CPP_TYPES:
+            raise UnknownNameError("ggml type calibrate can measure with llama.cpp", ty, LLAMA_CPP_TYPES)
+    shapes = shapes or FIT_MODELS
+    n = physical_cores()
+    threads = threads or tuple(sorted({1, n}))
+    steps = []
+    for model in (*shapes, STREAM_MODEL):
+        cfg = TOY_MODELS[model]
+        for ty in (types if model != STREAM_MODEL else STREAM_TYPES):
+            block = ggml_type(ty).block_size
+            if cfg.n_embd % block or cfg.n_ff % block or (cfg.n_head_kv * cfg.head_dim) % block:
+                continue  # llama.cpp would fall back to another type for some rows
+            for t in (threads if model != STREAM_MODEL else (max(threads),)):
+                for what in (("tg", "pp") if t == max(threads) and n_prompt and model != STREAM_MODEL else ("tg",)):
+                    def run(model=model, ty=ty, t=t, what=what, cfg=cfg) -> Measurement:
+                        path = toy_model(model, LLAMA_CPP_TYPES[ty], pure=True, directory=directory)
+                        # 2 FLOP per block weight per prompt token; the output head for the last token only
+                        block = cfg.n_layer * cfg.n_embd * (2 * cfg.n_embd + 2 * cfg.n_head_kv * cfg.head_dim + 3 * cfg.n_ff)
+                        extra = {"n_layer": cfg.n_layer, "bytes_by_type": decode_bytes_by_type(path), "n_prompt": n_prompt,
+                                 "prefill_flops_per_token": 2.0 * (block + cfg.n_vocab * cfg.n_embd / max(n_prompt, 1))}
+                        return _bench_measurement(path, t, what, n_prompt, n_gen, repeats, rt, extra)
+                    steps.append(Step(f"llama_cpp.runs.{model}.{ty}.{t}.{what}", f"llama.cpp {model} {ty} {what} {t} thread(s)", run))
+    return steps
+
+
+def _solve(rows: list[tuple[list[float], float]]) -> list[float]:
+    """Least squares x for A x = b (normal equations, Gauss-Jordan; a handful of unknowns)."""
+    n = len(rows[0][0])
+    ata = [[sum(r[0][i] * r[0][j] for r in rows) for j in range(n)] for i in range(n)]
+    atb = [sum(r[0][i] * r[1] for r in rows) for i in range(n)]
+    m = [ata[i] + [atb[i]] for i in range(n)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[p] = m[p], m[c]
+        for r in range(n):
+            if r != c and m[c][c]:
+                f = m[r][c] / m[c][c]
+                m[r] = [a - f * b for a, b in zip(m[r], m[c])]
+    return [m[i][n] / m[i][i] if m[i][i] else 0.0 for i in range(n)]
+
+
+def fit_decode(runs: list[dict]) -> dict:
+    """Per thread count: one overhead per layer for every type and a rate per type, least squares
+    on relative error (each row divided by its seconds, so fast and slow runs weigh alike):
+
+        seconds per token = n_layer x overhead + bytes_t / rate_t
+
+    ``runs``: dicts with threads, n_layer, bytes_by_type, s_per_token. Returns
+    {threads: {"overhead_s_per_layer", "rate_bytes_per_s": {type: rate}, "max_rel_residual"}}."""
+    out = {}
+    for t in sorted({r["threads"] for r in runs}):
+        sel = [r for r in runs if r["threads"] == t]
+        types = sorted({k for r in sel for k in r["bytes_by_type"]} - {"F32"} or {"F32"})
+        rows = [([r["n_layer"] / r["s_per_token"]] + [r["bytes_by_type"].get(k, 0) / r["s_per_token"] for k in types], 1.0) for r in sel]
+        x = _solve(rows)
+        if x[0] < 0:  # no per-layer cost can be told apart: fit the rates alone
+            x = [0.0] + _solve([(row[1:], b) for row, b in rows])
+        resid = [abs(sum(a * b for a, b in zip(row, x)) - 1) for row, _ in rows]
+        out[t] = {"overhead_s_per_layer": x[0], "rate_bytes_per_s": {k: 1 / v for k, v in zip(types, x[1:]) if v > 0},
+                  "max_rel_residual": max(resid)}
+    return out
+
+
+def nominal_fp32_peak_tflops() -> float | None:
+    """cores x clock x FP32 FLOP per cycle of this CPU (detect's estimate), or None."""
+    from .detect import FP32_FLOP_PER_CYCLE
+    from .probes.cpu import probe_cpu, usable_cpus
+
+    cpu, _ = probe_cpu()
+    if not cpu or not cpu.max_mhz:
+        return None
+    cores = cpu.physical_cores or usable_cpus() or 1
+    return cores * cpu.max_mhz * 1e6 * FP32_FLOP_PER_CYCLE[cpu.simd] / 1e12
+
+
+def llama_cpp_reference(profile: dict) -> dict:
+    """The profile's llama.cpp runs fitted into a reference (the shape of a data/cpu_limits.json
+    entry): per-core rates, parallel efficiency, overhead per layer, prefill shares of the fp32
+    peak; with the runs, the fit's residuals and the profile's id and date."""
+    from ..errors import InvalidValueError
+    from .validate import STREAM_MODEL, physical_cores
+
+    runs = []
+    n = physical_cores()
+    peak = nominal_fp32_peak_tflops() or profile.get("cpu", {}).get("matmul_tflops", {}).get("fp32", {}).get("best") or 1.0
+    stream = []
+    pp_runs = []
+    for model, by_type in profile.get("llama_cpp", {}).get("runs", {}).items():
+        for ty, by_threads in by_type.items():
+            for t, m in by_threads.items():
+                if "tg" in m:
+                    x = m["tg"]["extra"]
+                    run = {"model": model, "type": ty, "threads": int(t), "n_layer": x["n_layer"], "bytes_by_type": x["bytes_by_type"],
+                           "s_per_token": 1 / m["tg"]["best"], "tg_tok_s": m["tg"]["best"]}
+                    (stream if model == STREAM_MODEL else runs).append(run)
+                if "pp" in m:
+                    x = m["pp"]["extra"]
+                    pp_runs.append({"type": ty, "threads": int(t), "n_layer": x["n_layer"], "flops_per_token": x["prefill_flops_per_token"],
+                                    "s_per_token": 1 / m["pp"]["best"]})
+    if not runs:
+        raise InvalidValueError("the profile holds no llama.cpp runs to fit; run `inferlab calibrate --engine llama.cpp`")
+    fits = fit_decode(runs)
+    one, alln = fits.get(1), fits[max(fits)]
+    per_core = (one or alln)["rate_bytes_per_s"]
+    eff = {ty: min(1.0, alln["rate_bytes_per_s"][ty] / (max(fits) * per_core[ty]))
+           for ty in per_core if ty in alln["rate_bytes_per_s"]} if one and max(fits) > 1 else {ty: 1.0 for ty in per_core}
+    import statistics
+
+    # prefill: seconds per prompt token = sum of FLOPs_t / (share_t x peak of the threads) + n_layer x
+    # a per-layer cost (norms, RoPE, attention, quantizing the activations: the same for every type)
+    shares, pp_overhead = {}, 0.0
+    if pp_runs:
+        t_pp = max(r["threads"] for r in pp_runs)
+        sel = [r for r in pp_runs if r["threads"] == t_pp]
+        ptypes = sorted({r["type"] for r in sel})
+        peak_t = peak * 1e12 * t_pp / n
+        rows = [([r["n_layer"] / r["s_per_token"]] + [(r["flops_per_token"] / peak_t if r["type"] == ty else 0.0) / r["s_per_token"]
+                                                      for ty in ptypes], 1.0) for r in sel]
+        x = _solve(rows) if len({r["n_layer"] for r in sel}) > 1 else [0.0] + _solve([(row[1:], b) for row, b in rows])
+        if x[0] < 0:
+            x = [0.0] + _solve([(row[1:], b) for row, b in rows])
+        pp_overhead = x[0]
+        shares = {ty: round(1 / v, 3) for ty, v in zip(ptypes, x[1:]) if v > 0}
+    # decode's share of the read bandwidth, from the memory-bound toy: its bytes over (seconds per
+    # token less the per-layer cost), against the best read bandwidth this profile measured
+    bw = max((m.get("best", m.get("median", 0)) for m in profile.get("cpu", {}).get("read_bandwidth_gbs", {}).values()), default=None)
+    eta, achieved = 0.7, None
+    if stream and bw:
+        o = fits[max(fits)]["overhead_s_per_layer"]
+        achieved = max(sum(r["bytes_by_type"].values()) / (r["s_per_token"] - r["n_layer"] * o) for r in stream
+                       if r["s_per_token"] > r["n_layer"] * o) / 1e9
+        eta = min(1.0, achieved / bw)
+    rid = profile_id(profile)
+    return {"id": rid, "date": profile["date"], "simd": _simd(profile), "cpu": profile["host"]["cpu"], "n_cores": n,
+            "per_core_bytes_per_s": per_core, "parallel_efficiency": eff,
+            "rates_bytes_per_s_by_threads": {str(t): f["rate_bytes_per_s"] for t, f in fits.items()},
+            "overhead_s_per_layer": alln["overhead_s_per_layer"],
+            "overhead_s_per_layer_by_threads": {str(t): f["overhead_s_per_layer"] for t, f in fits.items()},
+            "max_rel_residual_by_threads": {str(t): f["max_rel_residual"] for t, f in fits.items()},
+            "decode_bw_eff": eta, "decode_bw_achieved_gbs": achieved, "read_bandwidth_gbs_best": bw,
+            "prefill_eff_vs_fp32_peak_by_type": shares, "prefill_overhead_s_per_layer_token": pp_overhead,
+            "prefill_eff_vs_fp32_matmul": statistics.median(shares.values()) if shares else 0.5, "fp32_peak_tflops": peak,
+            "engine": profile.get("llama_cpp", {}).get("engine", "llama.cpp"),
+            "source": f"inferlab calibrate --engine llama.cpp on this machine ({profile['host']['cpu']}), machine profile {rid}",
+            "provenance": f"llama.cpp CPU rates measured on this machine: machine profile {rid} of {profile['date']}",
+            "measurements": [{k: r[k] for k in ("model", "type", "threads", "tg_tok_s")} for r in runs]}
+
+
+def _simd(profile: dict) -> str:
+    feats = set(profile.get("host", {}).get("features", []))
+    return "amx" if any(f.startswith("amx") for f in feats) else "avx512" if any(f.startswith("avx512") for f in feats) \
+        else "neon" if "neon" in feats else "avx2"
+
+
+def profile_id(profile: dict) -> str:
+    """A profile's name in predictions: host and date (20261201T1430Z)."""
+    d = profile.get("date", "")
+    return f"{profile.get('host', {}).get('name') or 'local'}@{d[:16].replace('-', '').replace(':', '')}Z"
+
+
+def problems(profile: dict) -> list[str]:
+    """Why the profile's figures should not be trusted: figures whose two fastest repetitions
+    disagree, and measurements during which the machine was busy or its CPU time stolen."""
+    out = []
+
+    def visit(node, path):
+        if isinstance(node, dict) and "samples" in node and "best" in node:
+            if node.get("best_two_gap", 0) > STABLE_TOL and len(node["samples"]) >= 2:
+                out.append(f"{path}: unstable (the two fastest of {len(node['samples'])} repetitions differ by {node['best_two_gap']:.0%})")
+            for why in (node.get("interference") or {}).get("problems", []):
+                out.append(f"{path}: {why}")
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                visit(v, f"{path}.{k}" if path else k)
+
+    visit({"cpu": profile.get("cpu", {}), "llama_cpp": profile.get("llama_cpp", {})}, "")
+    return out
+
+
 def run_calibration(steps: list[Step], on_step: Callable[[Step, Measurement | None, str], None] | None = None,
                     gpu: bool = True) -> dict:
     """Run the steps, return the profile dict (not yet saved). A step that cannot run (no torch,
-    no int8 kernels) is recorded under "skipped" with the reason instead of failing the run."""
+    no int8 kernels) is recorded under "skipped" with the reason instead of failing the run. The
+    llama.cpp runs, when there are some, are fitted into this CPU's rates (profile["llama_cpp"]
+    ["reference"]); profile["problems"] lists what makes figures untrustworthy (``problems``)."""
     from ..errors import InferlabError
     from .probes.cpu import probe_cpu
 
     cpu, _ = probe_cpu()
+    import platform
+
     profile: dict = {"version": PROFILE_VERSION, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      "host": {"cpu": cpu.model if cpu else "unknown", "logical_cores": cpu.logical_cores if cpu else None,
                               "physical_cores": cpu.physical_cores if cpu else None,
-                              "features": list(cpu.features) if cpu else []},
+                              "features": list(cpu.features) if cpu else [], "name": platform.node() or "local"},
                      "cpu": {}, "gpu": {}, "skipped": {}}
     t_start = time.perf_counter()
     for step in steps:
@@ -291,6 +682,15 @@ def run_calibration(steps: list[Step], on_step: Callable[[Step, Measurement | No
                 _put(profile, "gpu." + key, m.to_json())
         else:
             profile["skipped"]["gpu"] = why
+    if profile.get("llama_cpp", {}).get("runs"):
+        try:
+            import llama_cpp
+
+            profile["llama_cpp"]["engine"] = f"llama.cpp via llama-cpp-python {getattr(llama_cpp, '__version__', '?')}"
+        except ImportError:
+            pass
+        profile["llama_cpp"]["reference"] = llama_cpp_reference(profile)
+    profile["problems"] = problems(profile)
     profile["duration_s"] = time.perf_counter() - t_start
     return profile
 

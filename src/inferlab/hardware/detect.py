@@ -173,19 +173,27 @@ def _host_device(cpu: CpuInfo | None, memory: MemoryInfo | None, profile: dict |
 
     bandwidth, flops32, flops16 = None, None, None
     if profile:
-        when = profile.get("date", "?")
+        from .calibrate import profile_id
+
+        when = f"profile {profile_id(profile)} of {profile.get('date', '?')}"
+
+        def cap(r: dict) -> float:  # the capability figure: the best sustained repetition (older profiles: the median)
+            return r.get("best", r["median"])
+
         bw = profile.get("cpu", {}).get("read_bandwidth_gbs", {})
-        best = max(bw.values(), key=lambda r: r["median"], default=None) if bw else None
+        best = max(bw.values(), key=cap, default=None) if bw else None
         if best:
-            bandwidth = best["median"]
+            bandwidth = cap(best)
             figures.append(Figure("RAM bandwidth", f"{bandwidth:.1f} GB/s (read, best thread count)", f"calibrated: {when}"))
         mm = profile.get("cpu", {}).get("matmul_tflops", {})
         if "fp32" in mm:
-            flops32 = mm["fp32"]["median"]
+            flops32 = cap(mm["fp32"])
             figures.append(Figure("FP32 matmul", f"{flops32 * 1e3:.3g} GFLOP/s", f"calibrated: {when}"))
         if "bf16" in mm:  # half-precision matmul: the faster of the bf16 kernel and fp32 (bf16 is emulated without AVX512_BF16/AMX)
-            flops16 = max(mm["bf16"]["median"], flops32 or 0.0)
-            figures.append(Figure("BF16 matmul", f"{mm['bf16']['median'] * 1e3:.3g} GFLOP/s", f"calibrated: {when}"))
+            flops16 = max(cap(mm["bf16"]), flops32 or 0.0)
+            figures.append(Figure("BF16 matmul", f"{cap(mm['bf16']) * 1e3:.3g} GFLOP/s", f"calibrated: {when}"))
+        for why in profile.get("problems", [])[:3]:
+            figures.append(Figure("profile warning", why, f"calibrated: {when}"))
     if bandwidth is None:
         bandwidth = _quick_read_bandwidth_gbs(cores)
         if bandwidth is not None:
@@ -205,13 +213,43 @@ def _host_device(cpu: CpuInfo | None, memory: MemoryInfo | None, profile: dict |
         else:
             flops32 = cores * 2.5e9 * FP32_FLOP_PER_CYCLE[simd] / 1e12
             figures.append(Figure("FP32 peak", f"{flops32 * 1e3:.0f} GFLOP/s", "estimated: clock unknown, 2.5 GHz assumed"))
-    return Device(
+    dev = Device(
         name=model, memory_gb=memory_gb, bandwidth_gbs=bandwidth, fp16_tflops=flops16 or flops32, backend="cpu",
         source=f"detected on this machine ({cpu.source if cpu else 'no CPU probe'}"
-               f"{'; calibrated ' + profile.get('date', '') if profile else ''})",
+               f"{'; calibrated: ' + when if profile else ''})",
         n_cores=cores, fp32_tflops=flops32, vendor=cpu.vendor if cpu else "",
         notes=("ISA: " + ", ".join(cpu.features)) if cpu else "", isa=tuple(cpu.features) if cpu else (),
     )
+    if profile:
+        _attach_profile_rates(dev, profile, figures)
+    return dev
+
+
+def _attach_profile_rates(dev: Device, profile: dict, figures: list[Figure]) -> None:
+    """The CPU kernel rates of the detected host: the profile's own llama.cpp fit when calibrate
+    ran llama.cpp here, else the stored reference of this ISA class scaled by the profile's int8
+    and fp32 matmul figures (perf.cpu_model.scaled_reference)."""
+    from ..perf.cpu_model import attach_rates, measured_reference, reference_for, scaled_reference
+    from .calibrate import profile_id
+
+    rid, date = profile_id(profile), profile.get("date", "?")
+    ref = (profile.get("llama_cpp") or {}).get("reference")
+    if ref:
+        attach_rates(dev, ref)
+        figures.append(Figure("CPU kernel rates", f"llama.cpp, {len(ref['per_core_bytes_per_s'])} types measured here",
+                              f"calibrated: {ref['provenance']}"))
+        return
+    mm = profile.get("cpu", {}).get("matmul_tflops", {})
+    here = {}
+    cores = dev.n_cores or 1
+    if "fp32" in mm:
+        here["fp32_matmul_gflops_per_core"] = mm["fp32"].get("best", mm["fp32"]["median"]) * 1e3 / cores
+    if "int8" in mm:
+        here["int8_matmul_gops_per_core"] = mm["int8"].get("best", mm["int8"]["median"]) * 1e3 / cores
+    base = measured_reference(dev) or reference_for(dev)
+    scaled = scaled_reference(base, here, rid=rid, date=date)
+    attach_rates(dev, scaled)
+    figures.append(Figure("CPU kernel rates", f"reference {base['id']}, scaled", f"calibrated: {scaled['provenance']}"))
 
 
 def _quick_read_bandwidth_gbs(threads: int) -> float | None:

@@ -282,15 +282,20 @@ def _fp32_peak_flops(device: Device, used: int) -> float:
     return (device.fp32_tflops or device.fp16_tflops) * 1e12 * used / (device.n_cores or 1)
 
 
-def cpu_prefill_s(device: Device, flops_by_type: Mapping[str, float], n_threads: int | None = None) -> float:
+def cpu_prefill_s(device: Device, flops_by_type: Mapping[str, float], n_threads: int | None = None,
+                  layer_tokens: float = 0.0) -> float:
     """Seconds the CPU's prompt matmuls take for ``flops_by_type`` (2 FLOP per weight per token,
     by the weights' ggml type): each type at its measured share of the fp32 peak of the threads
-    used (the cores share the peak evenly; SMT adds nothing)."""
+    used (the cores share the peak evenly; SMT adds nothing); plus, where the rates measured one
+    (this machine's calibrated rates), a cost per layer per prompt token for the rest of the graph
+    (norms, RoPE, attention, quantizing the activations), times ``layer_tokens`` (n_layer x tokens)."""
     if not device.is_cpu:
         raise InvalidValueError(f"{device.name!r} is a {device.backend} device; CPU prefill rates apply to cpu devices")
     used = _threads_used(device, n_threads)
     peak = _fp32_peak_flops(device, used)
-    return sum(f / (prefill_eff_vs_fp32_peak(device, ty) * peak) for ty, f in flops_by_type.items() if f)
+    ref = reference_for(device)
+    rest = layer_tokens * ref.get("prefill_overhead_s_per_layer_token", 0.0) * (ref.get("n_cores") or used) / used  # measured on every core
+    return sum(f / (prefill_eff_vs_fp32_peak(device, ty) * peak) for ty, f in flops_by_type.items() if f) + rest
 
 
 def cpu_decode_rate_for_placement(device: Device, placement, n_threads: int | None = None) -> float:
@@ -336,4 +341,4 @@ def _prefill_rate_for_plan(device: Device, model, scheme, n_threads: int | None)
     flops = _weights_by_type(tensor_plan(model, scheme), lambda t: 2.0 * t.n_elements if t.layer is not None else 0)
     if not flops:
         raise InvalidValueError(f"{model.name!r} has no block weights to time")
-    return sum(flops.values()) / cpu_prefill_s(device, flops, n_threads)
+    return sum(flops.values()) / cpu_prefill_s(device, flops, n_threads, layer_tokens=model.n_layers)  # one prompt token
