@@ -151,3 +151,27 @@ def test_fixed_cost_per_block_and_a_cpu_kernel_limit():
     c = decode_step_time(q, MACHINE, 0, model=fast)["per_device"][0]
     assert c["bound"] == "memory" and c["s"] == pytest.approx(4_722_688 / 70e9, rel=1e-12)
     assert BANDWIDTH_ONLY.eta(MACHINE.gpu) == 0.7
+
+
+def test_no_kv_offload_the_host_reads_every_cache():
+    # -nkvo: the GPU holds the 4 blocks and the head but no cache; the host reads all of it:
+    # 2 sequences x 2,048 bytes x 500 tokens = 2,048,000 bytes at η x 100 GB/s
+    p = place(DENSE, MACHINE, F32, 2048, n_gpu_layers=5, no_kv_offload=True)
+    d = decode_step_time(p, MACHINE, 500, batch=2)
+    host, gpu = d["per_device"]
+    assert host["kv_bytes"] == 2_048_000 and host["weights_bytes"] == 0
+    assert host["s"] == pytest.approx(2_048_000 / (0.7 * 100e9), rel=1e-12)  # 29.3 us
+    assert gpu["kv_bytes"] == 0 and gpu["s"] == pytest.approx(GPU_WEIGHTS / BW, rel=1e-12)
+
+
+def test_the_allocated_cache_bounds_batch_times_context():
+    from inferlab.errors import InvalidValueError
+    from inferlab.perf.speed import check_kv_room
+
+    p = _full()  # -c 2048: one shared buffer of 2,048 cells
+    check_kv_room(p, 2048)  # one sequence at the whole context
+    check_kv_room(p, 1024, 2)  # 2 x 1,024 = 2,048
+    with pytest.raises(InvalidValueError, match="2,049 cached tokens"):
+        check_kv_room(p, 2049)
+    with pytest.raises(InvalidValueError, match="2,050 cached tokens"):
+        check_kv_room(p, 1025, 2)

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 
 from inferlab.hardware.device import Machine
-from inferlab.perf.kv_size import kv_cache_bytes, swa_cache_tokens
+from inferlab.perf.kv_size import kv_cache_bytes, kv_cache_bytes_per_batch, kv_read_bytes, layer_kv_bytes, swa_cache_tokens
 from inferlab.perf.placement import compute_buffer_bytes, place
 from inferlab.perf.speed import OP_OFFLOAD_MIN_BATCH, SpeedModel, prefill_time
 
-from _toy import BLOCK_BYTES, CPU_ONLY, DENSE, EMBD_BYTES, F32, GPU, HEAD_BYTES, HOST, MACHINE
+from _toy import BLOCK_BYTES, CPU_ONLY, DENSE, EMBD_BYTES, F32, GPU, HEAD_BYTES, HOST, MACHINE, MOE
 
 # -ngl 3 in llama.cpp's order: i_gpu_start = 4 + 1 - 3 = 2: blocks 2, 3 and the head on the GPU.
 # FLOPs per prompt token (2 per weight; the bandwidth-only model runs the head for every token):
@@ -226,3 +226,79 @@ def test_two_gpus_split_layers_by_memory_as_llama_cpp_does():
     # -ts 3,1: cumulative 3/4 > j/5 for j = 0 … 3: four layers (blocks 0-3) on the first, the head on the second
     q = place(DENSE, two, F32, 1024, n_gpu_layers=5, tensor_split=(3.0, 1.0))
     assert (q.devices[1].n_blocks, q.devices[2].n_blocks, q.devices[2].has_output) == (4, 0, True)
+
+
+def test_kv_size_defaults_are_one_sequence_and_a_512_token_micro_batch():
+    # without n_seq / n_ubatch: one sequence, -ub 512: pad256(128 + 512) = 768 cells per windowed block
+    swa = replace(DENSE, name="toy-swa", sliding_window=128, swa_layers=(True, False, True, False))
+    assert swa_cache_tokens(swa, 4096) == 768
+    assert layer_kv_bytes(swa, 4096) == (512 * 768, 512 * 4096, 512 * 768, 512 * 4096)
+    assert layer_kv_bytes(swa, 4096, "q8_0") == tuple(x / 2 * 34 / 32 for x in (512 * 768, 512 * 4096, 512 * 768, 512 * 4096))
+    assert kv_cache_bytes(swa, 4096) == 2 * 512 * 768 + 2 * 512 * 4096
+    # a model without windows: every block holds n_ctx cells
+    assert layer_kv_bytes(DENSE, 1000) == (512 * 1000,) * 4
+    assert kv_read_bytes(DENSE, 0) == (0.0,) * 4 and kv_read_bytes(DENSE, 1) == (512,) * 4
+
+
+def test_kv_cache_bytes_per_batch_by_hand():
+    # the case study's formula: 2 x layers x KV heads x head size x seq_len x batch x bytes:
+    # DENSE: 256 values per token per block x 4 blocks = 1,024 per token; 3 sequences of 100 at 2 bytes
+    assert kv_cache_bytes_per_batch(DENSE, 100, 3, 2) == 1_024 * 100 * 3 * 2
+    assert kv_cache_bytes_per_batch(DENSE, 100) == 1_024 * 100 * 2  # defaults: one sequence, 2 bytes
+    swa = replace(DENSE, name="toy-swa", sliding_window=128, swa_layers=(True, False, True, False))
+    # windowed blocks hold min(seq_len, 128): 2 x 256 x 128 + 2 x 256 x 1000, one byte each, 2 sequences
+    assert kv_cache_bytes_per_batch(swa, 1000, 2, 1) == (2 * 256 * 128 + 2 * 256 * 1000) * 2
+    assert kv_cache_bytes_per_batch(swa, 100, 2, 1) == 4 * 256 * 100 * 2  # under the window: all of it
+
+
+def test_a_split_that_gives_one_gpu_nothing():
+    # -ts 1,0: the cumulative share reaches 1 at the first GPU, so all 5 layers (4 blocks + head) go there
+    two = Machine("toy x2", GPU, HOST, 25.0, extra_gpus=(replace(GPU, name="toy GPU 2"),))
+    p = place(DENSE, two, F32, 1024, n_gpu_layers=5, tensor_split=(1.0, 0.0))
+    host, g0, g1 = p.devices
+    assert (g0.n_blocks, g0.has_output, g1.n_blocks, g1.has_output) == (4, True, 0, False)
+    assert g1.weights_bytes == 0 and g1.compute_bytes == 0 and g0.weights_bytes == 4 * BLOCK_BYTES + HEAD_BYTES
+
+
+def test_unified_memory_capacity_is_two_thirds_up_to_36_gb_then_three_quarters():
+    # Metal's recommendedMaxWorkingSetSize: a 24 GB Mac wires 16 GB, a 36 GB one 24 GB, a 48 GB one 36 GB
+    from inferlab.perf.placement import gpu_capacity_bytes
+
+    for mem, cap in ((24.0, 16e9), (36.0, 24e9), (48.0, 36e9)):
+        gpu = replace(GPU, memory_gb=mem, backend="metal")
+        uni = Machine("toy mac", gpu, replace(HOST, memory_gb=mem), 0.0, unified=True)
+        assert gpu_capacity_bytes(gpu, uni) == pytest.approx(cap, rel=1e-12)
+        assert gpu_capacity_bytes(gpu, MACHINE) == mem * 1e9  # discrete: all of it
+
+
+def test_an_explicit_ngl_with_an_unset_context_keeps_the_trained_context_when_it_fits():
+    p = place(DENSE, MACHINE, F32, n_gpu_layers=5)
+    assert (p.n_ctx, p.ctx_reduced, p.auto, p.fits) == (4096, False, False, True)
+
+
+def test_an_unset_context_shrinks_to_the_largest_multiple_of_256_that_fits():
+    # trained context 65,536; the full offload needs 10,470,400 + 5,193,728 = 15,664,128 bytes + 2,048 per token.
+    # A margin leaving 15,664,128 + 2,048 x 10,000 bytes: 10,000 tokens would fit, the largest multiple of
+    # 256 at or below it is 9,984 (39 x 256)
+    long = replace(DENSE, name="toy-long", n_ctx_train=65536)
+    one_gb = Machine("toy 1 GB", replace(GPU, memory_gb=1.0), HOST, 25.0)
+    room = 15_664_128 + 2_048 * 10_000
+    p = place(long, one_gb, F32, fit_target_bytes=1e9 - room)
+    assert (p.n_gpu_layers, p.n_ctx, p.ctx_reduced, p.auto) == (5, 9984, True, True)
+    q = place(long, one_gb, F32, n_gpu_layers=5, fit_target_bytes=1e9 - room)  # explicit -ngl: the same context
+    assert (q.n_ctx, q.ctx_reduced, q.auto) == (9984, True, False)
+
+
+def test_moe_and_mla_flops_per_token_by_hand():
+    # MOE fully offloaded: 2 x (2 blocks x (199,296 dense + 786,432 x 2/8 routed) + 256,000 head) = 2,095,616
+    p = place(MOE, MACHINE, F32, 1024, n_gpu_layers=3)
+    assert p.gpus[0].flops_per_token == 2_095_616
+    # attention per cached token: 2 blocks x 2·4·(64 + 64) = 2,048
+    assert p.gpus[0].attn_flops_per_token_ctx == 2_048
+    # DeepSeek V3 (MLA): per layer 2 x 128 heads x (512 latent keys + 64 rope + 512 latent values)
+    from inferlab.models.catalog import MODELS
+
+    ds = MODELS["deepseek-v3"]
+    big = Machine("toy big", replace(GPU, memory_gb=2000.0), replace(HOST, memory_gb=2000.0), 25.0)
+    q = place(ds, big, "Q4_K_M", 1024, n_gpu_layers=62)
+    assert q.gpus[0].attn_flops_per_token_ctx == 61 * 2 * 128 * (512 + 64 + 512)
