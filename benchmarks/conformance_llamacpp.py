@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests" / "conformance"))
 from _llama_server import (LlamaServer, build_info, compare, compare_concurrent, parse_log,  # noqa: E402
                            run_concurrent, run_sequential, server_binary, simulate_concurrent,
                            simulate_sequential, tiny_gguf)
-from _llama_server_cases import CONCURRENT, SEQUENTIAL  # noqa: E402
+from _llama_server_cases import CONCURRENT, SEQUENTIAL, SEQUENTIAL_RANDOM  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -44,7 +44,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = tiny_gguf(tmp / "tiny.gguf")
-        for case in SEQUENTIAL:
+        for case in SEQUENTIAL + SEQUENTIAL_RANDOM:
             with LlamaServer(binary, model, list(case.server_args), tmp / f"{case.name}.log") as srv:
                 prompts, replies, seen = run_sequential(srv, case)
             diffs = compare(seen, simulate_sequential(case, prompts, replies))

@@ -61,17 +61,18 @@ if [[ ! -x "$dest/llama-server" ]]; then
     echo "build_llama_server: building llama-server at llama.cpp $short (jobs=$JOBS)" >&2
     flock /tmp/inferlab-heavy.lock bash -c '
         set -euo pipefail
-        cmake -S "$1" -B "$2" "${@:6}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+        [[ -x "$7/llama-server" ]] && exit 0  # built by another run while this one waited
+        cmake -S "$1" -B "$2" "${@:8}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
             -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
             -DLLAMA_BUILD_COMMIT="$4" -DLLAMA_BUILD_NUMBER=0 \
             -DCMAKE_C_FLAGS="$3" -DCMAKE_CXX_FLAGS="$3" >&2
         cmake --build "$2" --target llama-server -j "$5" >&2
-    ' _ "$src" "$work/build" "$flags" "$commit" "$JOBS" "${gen[@]}"
-    mkdir -p "$dest"
-    cp "$work/build/bin/llama-server" "$dest/llama-server.tmp"
-    mv "$dest/llama-server.tmp" "$dest/llama-server"
-    printf '{"llama_cpp_python": "%s", "llama_cpp_commit": "%s"}\n' "$VERSION" "$commit" > "$dest/build.json"
+        mkdir -p "$7"
+        cp "$2/bin/llama-server" "$7/llama-server.tmp"
+        mv "$7/llama-server.tmp" "$7/llama-server"
+        printf "{\"llama_cpp_python\": \"%s\", \"llama_cpp_commit\": \"%s\"}\n" "$6" "$4" > "$7/build.json"
+    ' _ "$src" "$work/build" "$flags" "$commit" "$JOBS" "$VERSION" "$dest" "${gen[@]}"
 fi
 mkdir -p "$CACHE_ROOT"
 echo "$dest/llama-server" > "$marker"

@@ -172,6 +172,7 @@ class Case:
     manager_kwargs: dict  # the same configuration for SlotManager
     turns: tuple[Turn, ...]
     why: str = ""  # what the case exercises
+    expect_log: tuple[str, ...] = ()  # server log lines that show the rule was exercised
 
 
 @dataclass
@@ -319,7 +320,7 @@ class TaskTrace:
     task: int
     slot: int | None = None
     n_tokens: int | None = None
-    received_iter: int | None = None  # update_slots iterations (that decode) before it was taken
+    received_iter: float | None = None  # update_slots iterations (that decode) before it was taken
     order: int | None = None  # log line where it was taken (launched or deferred): queue order
 
 
@@ -328,21 +329,23 @@ def parse_log(log: str) -> dict[int, TaskTrace]:
     update_slots iterations the server had run (ones that decoded something) when it took the
     task from its queue (launched or deferred). Needs the server's -v log."""
     tasks: dict[int, TaskTrace] = {}
-    iters = 0
+    iters, after_empty = 0, 0.0
     for i, line in enumerate(log.splitlines()):
         if "posting NEXT_RESPONSE" in line:
-            iters += 1
+            iters, after_empty = iters + 1, 0.0
         elif _EXCEEDED_AT_0.search(line):
-            iters -= 1  # that iteration decoded nothing: the simulator spends no step on it
+            # that iteration decoded nothing: the simulator spends no time on it, so a task taken
+            # after it arrives half a step later (not before it, at the same instant)
+            iters, after_empty = iters - 1, 0.5
         elif m := _LAUNCH.search(line):
             t = tasks.setdefault(int(m[2]), TaskTrace(int(m[2])))
             t.slot = int(m[1])
             if t.received_iter is None:
-                t.received_iter, t.order = iters, i
+                t.received_iter, t.order = iters + after_empty, i
         elif m := _DEFER.search(line):
             t = tasks.setdefault(int(m[1]), TaskTrace(int(m[1])))
             if t.received_iter is None:
-                t.received_iter, t.order = iters, i
+                t.received_iter, t.order = iters + after_empty, i
         elif m := _PROMPT.search(line):
             tasks.setdefault(int(m[1]), TaskTrace(int(m[1]))).n_tokens = int(m[2])
     return tasks

@@ -6,7 +6,9 @@ previous answered) to /completion. Per request the slot it got (``id_slot``), th
 it reused (``timings.cache_n``), its outcome (finished, truncated at the slot context, or the
 error) and the number of tokens generated, and after it what every slot holds (``/slots``
 ``n_prompt_tokens``), must equal SlotManager's on the same requests. The replies are the
-server's own greedy tokens, fed to the simulator as the requests' outputs.
+server's own greedy tokens, fed to the simulator as the requests' outputs. The hand-made cases
+each exercise a rule; four seeded random mixes (new prompts, shared system prompts, follow-ups,
+repeats, edited histories, prompts near the slot size) exercise them together.
 
 The server binary comes from scripts/build_llama_server.sh (scripts/test builds it first; cached
 under ~/.cache/inferlab/); this test does not skip when it is missing, it builds it.
@@ -20,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _llama_server import LlamaServer, compare, run_sequential, server_binary, simulate_sequential, tiny_gguf  # noqa: E402
-from _llama_server_cases import SEQUENTIAL  # noqa: E402
+from _llama_server_cases import SEQUENTIAL, SEQUENTIAL_RANDOM  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -35,12 +37,15 @@ def model(tmp_path_factory):
     return tiny_gguf(tmp_path_factory.mktemp("llama_server") / "tiny.gguf")
 
 
-@pytest.mark.parametrize("case", SEQUENTIAL, ids=[c.name for c in SEQUENTIAL])
+@pytest.mark.parametrize("case", SEQUENTIAL + SEQUENTIAL_RANDOM, ids=[c.name for c in SEQUENTIAL + SEQUENTIAL_RANDOM])
 def test_sequential_requests_agree_with_the_real_server(case, binary, model, tmp_path):
-    with LlamaServer(binary, model, list(case.server_args), tmp_path / "server.log") as srv:
+    with LlamaServer(binary, model, list(case.server_args), tmp_path / "server.log", verbose=True) as srv:
         prompts, replies, seen = run_sequential(srv, case)
+        log = srv.log_text()
     sim = simulate_sequential(case, prompts, replies)
     diffs = compare(seen, sim)
     assert not diffs, f"{case.name} ({case.why}):\n" + "\n".join(diffs)
     # the case did what it is for: no request failed in an unexpected way
     assert all(o.outcome in ("ok", "truncated", "too-long") for o in seen), [o.detail for o in seen]
+    missing = [line for line in case.expect_log if line not in log]
+    assert not missing, f"{case.name}: the server never logged {missing}"
