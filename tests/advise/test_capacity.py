@@ -81,7 +81,7 @@ def test_llamacpp_sessions_are_the_largest_np_that_fits():
     assert llamacpp_max_sessions(m, mc, q, "q8_0", 8000) > s  # q8_0 is 8.5 bits a value: more slots
     r = capacity("llama-3.1-8b", "rtx4090", engine="llamacpp", contexts=(8000,), kv_types=("f16", "int8"))
     assert r.rows[1].engine_kv_type == "q8_0" and "q8_0" in r.rows[1].note
-    assert r.pool.n_parallel == s and r.pool.n_ctx == s * 8000
+    assert r.pool.n_parallel == s and r.pool.n_ctx == -(-s * 8000 // 256) * 256  # llama.cpp pads -c to 256 cells
 
 
 def test_window_is_only_llama_cpps_context_shift():

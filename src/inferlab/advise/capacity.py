@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ..errors import InvalidValueError, UnknownNameError, check_positive
 from ..hardware.device import Machine
 from ..models.spec import ModelSpec
-from ..perf.kv_size import KV_TYPES, kv_bytes_per_token
+from ..perf.kv_size import KV_PAD_TOKENS, KV_TYPES, kv_bytes_per_token
 from ..perf.placement import GB, MiB, compute_buffer_bytes, gpu_capacity_bytes, place
 from ..quant.plan import weight_bytes
 
@@ -198,13 +198,17 @@ def sglang_pool(spec: ModelSpec, machine: Machine, scheme, kv_type: str = "auto"
 
 def llamacpp_pool(spec: ModelSpec, machine: Machine, scheme, kv_type: str, context: int, n_parallel: int, *,
                   unified: bool = True, n_gpu_layers: int | None = None) -> LlamacppPool:
-    """llama-server with -np ``n_parallel`` slots of ``context`` tokens: -c = np × context, placed by ``place``."""
-    n_ctx = n_parallel * context
+    """llama-server with -np ``n_parallel`` slots of ``context`` tokens: -c np × context, which llama.cpp pads up
+    to a multiple of 256 cells (llama_context: n_ctx); split (no -kvu) gives each slot n_ctx / np of them. Placed by
+    ``place``; the log line is llama.cpp's own (llama_context and llama_kv_cache at startup)."""
+    check_positive("n_parallel", n_parallel)
+    n_ctx = -(-n_parallel * context // KV_PAD_TOKENS) * KV_PAD_TOKENS
     ngl = spec.n_layers + 1 if (n_gpu_layers is None and machine.gpus) else (n_gpu_layers or 0)
     p = place(spec, machine, scheme, n_ctx, kv_type, ngl, n_seq=1 if unified else n_parallel)
     per_slot = n_ctx if unified else n_ctx // n_parallel
-    line = (f"llama_context: n_ctx = {n_ctx}, n_seq_max = {n_parallel}, kv_unified = {'true' if unified else 'false'}; "
-            f"n_ctx_seq = {per_slot}")
+    line = (f"llama_context: n_ctx = {n_ctx}, n_ctx_seq = {per_slot}, kv_unified = {'true' if unified else 'false'}; "
+            f"llama_kv_cache: size = {p.kv_total / MiB:.2f} MiB ({per_slot} cells, {spec.n_layers} layers, "
+            f"{n_parallel}/{1 if unified else n_parallel} seqs)")
     return LlamacppPool(n_ctx, n_parallel, unified, per_slot, p.fits, p.n_gpu_layers, p.gpu_total, p.kv_total, line)
 
 
