@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -203,7 +204,7 @@ def _imatrix_entries(ctypes, imatrix: Mapping[str, object]):
         _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.POINTER(ctypes.c_float)), ("size", ctypes.c_size_t)]
 
     arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in imatrix.items()}
-    entries = (Entry * (len(arrays) + 1))()
+    entries = (Entry * (len(arrays) + 1))()  # pyright: ignore[reportOperatorIssue]  (ctypes array type)
     names = []
     for e, (k, a) in zip(entries, arrays.items()):
         names.append(k.encode())
@@ -323,26 +324,29 @@ def _run_cases(cases: list, workdir: str) -> list:
             sources[spec] = write_skeleton(spec, Path(workdir) / f"src-{os.getpid()}-{len(sources)}.gguf", data="random",
                                            seed=len(sources))
         dst = Path(workdir) / f"q-{os.getpid()}.gguf"
+        t0 = time.perf_counter()
         try:
-            out.append((key, quantize(sources[spec], dst, q, imatrix=uniform_imatrix(spec) if imatrix else None, n_threads=1)))
+            r = quantize(sources[spec], dst, q, imatrix=uniform_imatrix(spec) if imatrix else None, n_threads=1)
         except FileFormatError as exc:
-            out.append((key, exc))
+            r = exc
         finally:
             dst.unlink(missing_ok=True)
+        out.append((key, r, time.perf_counter() - t0))
     for p in sources.values():
         p.unlink(missing_ok=True)
     return out
 
 
 def quantize_cases(cases: Mapping[object, tuple], workdir: str | os.PathLike, *, n_workers: int = 2,
-                   spread=None) -> dict[object, dict[str, tuple[str, int]] | FileFormatError]:
+                   spread=None, seconds: dict | None = None) -> dict[object, dict[str, tuple[str, int]] | FileFormatError]:
     """Real quantizations of small models, key -> (spec, quant, imatrix: bool), in ``n_workers``
     processes (each quantizes with one thread: IQ1/IQ2/IQ3 grids are built once per process, single
     threaded, so whole processes share the cores better). Returns key -> the written file's
     {tensor: (type, bytes)}, or the FileFormatError llama.cpp's refusal raised.
 
     spread(key, quant) -> worker index: which worker takes a case (default: round robin); give the
-    presets that build the same grid to the same worker.
+    presets that build the same grid to the same worker. seconds: filled with key -> (worker,
+    wall seconds of that quantization, a grid's first build included).
     """
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
@@ -353,7 +357,10 @@ def quantize_cases(cases: Mapping[object, tuple], workdir: str | os.PathLike, *,
         w = (spread(key, q) if spread else i) % len(groups)
         groups[w].append((key, spec, q, bool(imatrix)))
     if len(groups) == 1:
-        return dict(_run_cases(groups[0], str(workdir)))
-    with ProcessPoolExecutor(len(groups), mp_context=mp.get_context("spawn")) as pool:
-        results = pool.map(_run_cases, groups, [str(workdir)] * len(groups))
-        return {k: v for part in results for k, v in part}
+        parts = [_run_cases(groups[0], str(workdir))]
+    else:
+        with ProcessPoolExecutor(len(groups), mp_context=mp.get_context("spawn")) as pool:
+            parts = list(pool.map(_run_cases, groups, [str(workdir)] * len(groups)))
+    if seconds is not None:
+        seconds.update({k: (w, t) for w, part in enumerate(parts) for k, _, t in part})
+    return {k: v for part in parts for k, v, _ in part}

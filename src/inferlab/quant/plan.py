@@ -181,15 +181,17 @@ _FILE_PLANS: OrderedDict[int, tuple[tuple, tuple[PlanEntry, ...], dict]] = Order
 def _file_plan(model: ModelSpec) -> tuple[PlanEntry, ...]:
     # keyed by the tensor table's identity (ModelSpec equality ignores tensors); the table is kept
     # alive in the cache, so its id cannot be reused while the entry exists
-    key = id(model.tensors)
+    tensors = model.tensors
+    assert tensors is not None  # tensor_plan checked it
+    key = id(tensors)
     hit = _FILE_PLANS.get(key)
-    if hit is not None and hit[0] is model.tensors:
+    if hit is not None and hit[0] is tensors:
         return hit[1]
     plan = tuple(
         PlanEntry(t.name, tuple(t.shape), t.n_elements, t.ggml_type, t.n_bytes, layer_of(t.name), "_exps" in t.name)
-        for t in model.tensors
+        for t in tensors
     )
-    _FILE_PLANS[key] = (model.tensors, plan, {})
+    _FILE_PLANS[key] = (tensors, plan, {})
     if len(_FILE_PLANS) > 64:
         _FILE_PLANS.popitem(last=False)
     return plan

@@ -220,6 +220,7 @@ def _resolve_str(q: str) -> Preset | PureType:
     body = q[len("preset:"):].strip() if low.startswith("preset:") else q
     if body.lower().startswith("i1-"):  # mradermacher's imatrix files: "Model.i1-IQ4_XS.gguf"
         p = _resolve_str("preset:" + body[3:])
+        assert isinstance(p, Preset)  # "preset:" always gives a Preset
         if p.imatrix is False:
             raise InvalidValueError(f"{q!r}: {p.display_name or p.name} is made without an importance matrix, so it has no i1- form")
         return dataclasses.replace(p, imatrix=True, display_name=body)

@@ -311,7 +311,8 @@ def _mix(quant: Preset, new: str, layer: int | None, shape: tuple[int, ...], cat
 
     def layer_info() -> int:
         # MoE models: the block index from the name; dense: the running count (equal for our models)
-        return layer if n_expert > 1 else index
+        # (a tensor with an ffn role lives in a block: the name has one)
+        return layer if n_expert > 1 and layer is not None else index
 
     if cat == OUTPUT or (model.tied and cat == TOKEN_EMBD):
         if quant.output_type:  # a tied token_embd takes --output-tensor-type too
