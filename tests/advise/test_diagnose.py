@@ -55,3 +55,10 @@ def test_answers_that_look_valid_but_are_not():
         diagnose("llama-3.1-8b", "rtx4090", flags="--gpu-layers-please 3")
     with pytest.raises(InvalidValueError, match="fp8"):
         diagnose("llama-3.1-8b", "rtx4090", flags="-ctk fp8")
+
+
+def test_the_issues_example_effect_line():
+    # issue 13's own example for Qwen2.5 14B on an RTX 3060 at 32k (bandwidth-only speed model, decode at 4,096 tokens)
+    r = diagnose("qwen2.5-14b", "rtx3060", flags="-c 32768", speed="bandwidth-only")
+    f = next(x for x in r.findings if x.row == "partial-offload")
+    assert "q8_0 KV: -ngl 34 → 43, 14.3 tok/s → 20.5 tok/s" in f.effects

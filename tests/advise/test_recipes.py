@@ -124,3 +124,13 @@ def test_bad_input():
         advise("llama-3.1-8b", "rtx4090", users=0)
     with pytest.raises(InvalidValueError, match="shared prefix"):
         advise("llama-3.1-8b", "rtx4090", ctx=1000, shared_prefix=5000)
+
+
+def test_advice_figures_are_fits_figures():
+    """One source of truth: advise's speed is fit's for the same configuration (decode at half the context)."""
+    r = advise("llama-3.1-8b", "rtx4060ti", ctx=8192)
+    f = fit("llama-3.1-8b", "rtx4060ti", n_ctx=8192, n_gpu_layers=33, context=4096)
+    assert r.engines[0].tok_per_s == pytest.approx(f.decode.tok_per_s)
+    r2 = advise("qwen2.5-32b", "rtx4060ti", ctx=8192)
+    fd = fit("qwen2.5-32b", "rtx4060ti", n_ctx=8192, context=4096)  # --fit's choice of -ngl
+    assert r2.fit_default.n_gpu_layers == fd.n_gpu_layers and r2.fit_default.tok_per_s == pytest.approx(fd.decode.tok_per_s)

@@ -81,12 +81,12 @@ def _serving_quant(bpw: float) -> tuple[str | None, str]:
 
 
 def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, shared_prefix: int = 0, quant: Any = None,
-           lora_rank: int | None = None, draft: Any = None, acceptance_rate: float = 0.7, top: int = 3) -> AdviceReport:
+           lora_rank: int | None = None, draft: Any = None, acceptance_rate: float = 0.7, top: int = 3, speed: str = "calibrated") -> AdviceReport:
     check_positive("users", users)
     if not isinstance(users, int) or isinstance(users, bool):
         raise InvalidValueError(f"users must be an integer, got {users!r}")
     check_positive("shared_prefix", shared_prefix, allow_zero=True)
-    probe = configure(model, machine, quant=quant, n_ctx=min(DEFAULT_CTX, 4096), profile=False)
+    probe = configure(model, machine, quant=quant, n_ctx=min(DEFAULT_CTX, 4096), speed=speed, profile=False)
     spec = probe.spec
     n_ctx = ctx if ctx is not None else min(DEFAULT_CTX, spec.n_ctx_train)
     check_positive("ctx", n_ctx)
@@ -94,7 +94,7 @@ def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, 
         raise InvalidValueError(f"shared prefix ({shared_prefix} tokens) is longer than the context ({n_ctx} tokens)")
     L = spec.n_layers
     m = probe.machine
-    setup = configure(spec, m, quant=probe.scheme, n_ctx=n_ctx * (users if users > 1 else 1), profile=False)
+    setup = configure(spec, m, quant=probe.scheme, n_ctx=n_ctx * (users if users > 1 else 1), speed=speed, profile=False)
     full = place(spec, m, setup.scheme, n_ctx, "f16", L + 1) if m.gpus else None
     fits = bool(full is not None and full.fits)
     notes, reasons = [], []
@@ -130,7 +130,7 @@ def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, 
             reasons.append(f"-t {cores}: the physical cores; more threads contend for the same memory bus")
         chosen = "llamacpp"
     elif recipe in ("larger-than-vram", "many-users-offload"):
-        rsetup = configure(spec, m, quant=setup.scheme, n_ctx=n_ctx, profile=False)
+        rsetup = configure(spec, m, quant=setup.scheme, n_ctx=n_ctx, speed=speed, profile=False)
         fit_default, ranked = rank_placements(rsetup, n_ctx, top=top)[:2]
         chosen = "llamacpp"
         if ranked:
@@ -194,7 +194,7 @@ def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, 
         notes.append("no LoRA estimate: the configuration does not run")
     sp_est = None
     if draft is not None and fits:
-        ssetup = configure(spec, m, quant=setup.scheme, n_ctx=n_ctx, n_gpu_layers=L + 1, profile=False)
+        ssetup = configure(spec, m, quant=setup.scheme, n_ctx=n_ctx, n_gpu_layers=L + 1, speed=speed, profile=False)
         sp_est = speculative_estimate(ssetup, draft, max(1, n_ctx // 2), acceptance_rate=acceptance_rate)
     elif draft is not None:
         notes.append("speculative decoding needs the target on the GPU with room for the draft; this model does not fit")

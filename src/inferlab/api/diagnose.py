@@ -77,7 +77,7 @@ def _fmt(t: float | None) -> str:
 
 def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, engine: str = "llamacpp", quant: Any = None,
              observed_tok_s: float | None = None, observed_ttft_s: float | None = None, prompt_tokens: int | None = None,
-             error: str | None = None, users: int | None = None) -> DiagnosisReport:
+             error: str | None = None, users: int | None = None, speed: str = "calibrated") -> DiagnosisReport:
     """Which row of the lesson's symptom table applies, the fix, and the fix's predicted effect."""
     for name, v in (("observed_tok_s", observed_tok_s), ("observed_ttft_s", observed_ttft_s), ("prompt_tokens", prompt_tokens),
                     ("users", users)):
@@ -93,7 +93,7 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
 
     parsed = parse_command(engine, shlex.join(argv) if isinstance(flags, list) else " ".join(argv) if not isinstance(flags, str) else
                            shlex.join(PROGRAMS[engine]) + (" model " if engine == "vllm" else " ") + flags)
-    probe = configure(model, machine, quant=quant, n_ctx=4096, profile=False)
+    probe = configure(model, machine, quant=quant, n_ctx=4096, speed=speed, profile=False)
     spec, m = probe.spec, probe.machine
     L = spec.n_layers
     notes: list[str] = []
@@ -117,14 +117,15 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
             notes.append(f"-c {ctx:,} is beyond the trained {spec.n_ctx_train:,} tokens (RoPE scaling)")
         user_ctx = _int(parsed, "-c", 0) > 0
         setup = configure(spec, m, quant=probe.scheme, n_ctx=ctx if user_ctx else None, kv_type=kv, n_gpu_layers=ngl,
-                          n_cpu_moe=min(n_cpu_moe, L), profile=False)
+                          n_cpu_moe=min(n_cpu_moe, L), speed=speed, profile=False)
         p = setup.placement
         ctx = p.n_ctx
     else:
         ctx = _int(parsed, "--max-model-len" if engine == "vllm" else "--context-length", spec.n_ctx_train)
         kv = "f16"
         ngl, np_, threads, n_cpu_moe = L + 1, _int(parsed, "--max-num-seqs", 256), None, 0
-        setup = configure(spec, m, quant=probe.scheme, n_ctx=min(ctx, 4096), n_gpu_layers=L + 1 if m.gpus else None, profile=False)
+        setup = configure(spec, m, quant=probe.scheme, n_ctx=min(ctx, 4096), n_gpu_layers=L + 1 if m.gpus else None, speed=speed,
+                          profile=False)
         p = setup.placement
     ctx_at = max(1, min(ctx // 2, 4096)) if prompt_tokens is None else prompt_tokens
     pred = _tok(p, setup, ctx_at)

@@ -19,13 +19,15 @@ GB = 1e9
 @click.option("--lora-rank", type=int, default=None, help="Serve a LoRA adapter of this rank: its memory and extra time per token.")
 @click.option("--draft", default=None, help="A draft model for speculative decoding (same tokenizer).")
 @click.option("--acceptance", "acceptance_rate", type=float, default=0.7, show_default=True, help="Draft acceptance rate for the speedup estimate.")
+@click.option("--speed", "speed_name", type=click.Choice(["calibrated", "bandwidth-only", "lesson"]), default="calibrated", show_default=True,
+              help="Speed model (see `inferlab fit --help`).")
 @click.option("--json", "as_json", is_flag=True)
-def advise(model, machine_name, users, ctx, shared_prefix, quant, lora_rank, draft, acceptance_rate, as_json):
+def advise(model, machine_name, users, ctx, shared_prefix, quant, lora_rank, draft, acceptance_rate, speed_name, as_json):
     """Which engine fits the job (the lesson's recipes), with each engine's exact command and the figures it will report."""
     from ..api.advise import advise as run
 
     r = run(model, machine_name, users=users, ctx=ctx, shared_prefix=shared_prefix, quant=quant, lora_rank=lora_rank, draft=draft,
-            acceptance_rate=acceptance_rate)
+            acceptance_rate=acceptance_rate, speed=speed_name)
     if as_json:
         echo_json(r)
         return

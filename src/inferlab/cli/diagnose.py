@@ -17,14 +17,16 @@ from .common import echo_json, safe
 @click.option("--prompt-tokens", type=int, default=None, help="Prompt length behind the TTFT.")
 @click.option("--users", type=int, default=None, help="Concurrent users.")
 @click.option("--error", "error_text", default=None, help="The error message the engine printed.")
+@click.option("--speed", "speed_name", type=click.Choice(["calibrated", "bandwidth-only", "lesson"]), default="calibrated", show_default=True,
+              help="Speed model (see `inferlab fit --help`).")
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("engine_flags", nargs=-1, type=click.UNPROCESSED)
-def diagnose(model, machine_name, engine, quant, observed_tok_s, observed_ttft_s, prompt_tokens, users, error_text, as_json, engine_flags):
+def diagnose(model, machine_name, engine, quant, observed_tok_s, observed_ttft_s, prompt_tokens, users, error_text, speed_name, as_json, engine_flags):
     """Diagnose MODEL on a machine run with ENGINE_FLAGS (after --, e.g. `-- -ngl 99 -c 32768 -ctk q8_0`)."""
     from ..api.diagnose import diagnose as run
 
     r = run(model, machine_name, flags=list(engine_flags), engine=engine, quant=quant, observed_tok_s=observed_tok_s,
-            observed_ttft_s=observed_ttft_s, prompt_tokens=prompt_tokens, error=error_text, users=users)
+            observed_ttft_s=observed_ttft_s, prompt_tokens=prompt_tokens, error=error_text, users=users, speed=speed_name)
     if as_json:
         echo_json(r)
         return
