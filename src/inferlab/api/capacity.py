@@ -108,6 +108,10 @@ def capacity(model: Any, machine: Any, *, engine: str = "vllm", contexts=DEFAULT
     notes = []
     if budget <= 0:
         notes.append(f"the weights ({w / GB:.1f} GB) do not fit in {gpu / GB:.1f} GB: no session fits on this GPU")
+    if any(spec.swa_layers):
+        notes.append(f"{sum(spec.swa_layers)} of {spec.n_layers} layers use a {spec.sliding_window}-token sliding window: the formula "
+                     + ("and this vLLM/SGLang estimate count" if engine != "llamacpp" else "counts")
+                     + " them in full (an upper bound on the cache); llama.cpp's placement keeps only the window there")
     if max(cs) > spec.n_ctx_train:
         notes.append(f"contexts above {spec.name}'s trained length ({spec.n_ctx_train:,} tokens) need RoPE scaling; "
                      f"vLLM refuses a --max-model-len above it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
