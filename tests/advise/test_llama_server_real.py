@@ -68,3 +68,25 @@ def test_emitted_command_runs_and_llama_cpp_allocates_what_we_predict(tmp_path, 
     assert size == pytest.approx(pool.kv_bytes / MiB, abs=0.01)
     # by hand: 8192 cells x 4 layers x 2 (K, V) x 256 values x bytes per value (f16 2, q8_0 34/32, q4_0 18/32)
     assert pool.kv_bytes == 8192 * 4 * 2 * 256 * {"f16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}[kv]
+
+
+MOE = ModelSpec("cap-moe", "qwen3moe", n_layers=4, d_model=256, n_heads=4, n_kv_heads=2, head_dim=64, d_ff=0, vocab_size=512,
+                n_ctx_train=4096, qk_norm=True, n_experts=8, n_experts_used=2, d_ff_expert=128)
+
+
+@pytest.mark.parametrize("how", ["n_cpu_moe", "ot", "cpu_moe"])
+def test_emitted_moe_commands_start_the_real_server(tmp_path, how):
+    from inferlab.advise.commands import experts_ot_pattern
+    from inferlab.models.gguf_writer import write_gguf
+
+    binary = _binary()
+    if binary is None:
+        pytest.skip("no llama-server built (scripts/build_llama_server.sh)")
+    path = write_gguf(MOE, tmp_path / "moe.gguf", dtype="F16", seed=7)
+    kw = {"n_cpu_moe": dict(n_cpu_moe=2), "ot": dict(override_tensor=experts_ot_pattern(2)), "cpu_moe": dict(cpu_moe=True)}[how]
+    cmd = llama_server(MOE, "F16", n_gpu_layers=5, ctx=1024, kv_type="q8_0", threads=1, **kw)
+    argv = [binary if w == "llama-server" else w for w in cmd.argv]
+    argv[argv.index("-m") + 1] = str(path)
+    log = _startup_log(argv)
+    assert "load_model: initializing" in log, log[-2000:]
+    assert "tensor overrides to CPU" in log  # llama.cpp read our override (it warns that mmap is on)

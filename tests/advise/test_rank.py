@@ -61,10 +61,12 @@ def test_ot_pattern_selects_exactly_the_experts_of_the_first_blocks():
     pattern = best.ot_command.argv[best.ot_command.argv.index("-ot") + 1]
     regex, _, buft = pattern.rpartition("=")
     assert buft == "CPU"
-    names = [f"blk.{i}.ffn_{k}_exps.weight" for i in range(s.spec.n_layers) for k in ("up", "down", "gate")]
+    # llama.cpp's expert tensor names (plain, fused gate_up, and the "chexps" variant its LLM_FFN_EXPS_REGEX also covers)
+    names = [f"blk.{i}.ffn_{k}_{c}exps.weight" for i in range(s.spec.n_layers) for k in ("up", "down", "gate", "gate_up") for c in ("", "ch")]
     hit = {int(n.split(".")[1]) for n in names if re.search(regex, n)}
     assert hit == set(range(best.n_cpu_moe))  # llama.cpp matches -ot patterns with std::regex_search
     assert not re.search(regex, "blk.0.attn_q.weight") and not re.search(regex, f"blk.{best.n_cpu_moe}.ffn_up_exps.weight")
+    assert not re.search(regex, "blk.0.ffn_up_shexp.weight")  # the shared expert stays with attention
 
 
 def test_nothing_fits_is_explained_not_crashed():

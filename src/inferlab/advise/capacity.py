@@ -204,7 +204,7 @@ def llamacpp_pool(spec: ModelSpec, machine: Machine, scheme, kv_type: str, conte
     check_positive("n_parallel", n_parallel)
     n_ctx = -(-n_parallel * context // KV_PAD_TOKENS) * KV_PAD_TOKENS
     ngl = spec.n_layers + 1 if (n_gpu_layers is None and machine.gpus) else (n_gpu_layers or 0)
-    p = place(spec, machine, scheme, n_ctx, kv_type, ngl, n_seq=1 if unified else n_parallel)
+    p = place(spec, machine, scheme, n_ctx, kv_type, ngl, n_seq=n_parallel)  # SWA layers keep a window per sequence
     per_slot = n_ctx if unified else n_ctx // n_parallel
     line = (f"llama_context: n_ctx = {n_ctx}, n_ctx_seq = {per_slot}, kv_unified = {'true' if unified else 'false'}; "
             f"llama_kv_cache: size = {p.kv_total / MiB:.2f} MiB ({per_slot} cells, {spec.n_layers} layers, "

@@ -38,9 +38,16 @@ def hf_name(spec: ModelSpec) -> str:
     return spec.hf_id or spec.name
 
 
-def experts_ot_pattern(n_blocks: int) -> str:
-    """-ot pattern that keeps the routed experts of blocks 0 … n-1 in RAM (what --n-cpu-moe n writes)."""
-    return f"blk\\.({'|'.join(str(i) for i in range(n_blocks))})\\.ffn_(up|down|gate)_exps=CPU"
+# llama.cpp common/common.h LLM_FFN_EXPS_REGEX: the routed-expert tensors --cpu-moe / --n-cpu-moe keep in RAM
+LLM_FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+def experts_ot_pattern(n_blocks: int | None) -> str:
+    """-ot pattern that keeps the routed experts of blocks 0 … n-1 in RAM: one alternation of what --n-cpu-moe n
+    writes (llm_add_n_cpu_ffn_overrides: "blk\\.%d" + LLM_FFN_EXPS_REGEX per block); None: every block (--cpu-moe)."""
+    if n_blocks is None:
+        return LLM_FFN_EXPS_REGEX + "=CPU"
+    return f"blk\\.({'|'.join(str(i) for i in range(n_blocks))}){LLM_FFN_EXPS_REGEX}=CPU"
 
 
 def llama_server(spec: ModelSpec, quant_label: str, *, n_gpu_layers: int | None = None, ctx: int | None = None,

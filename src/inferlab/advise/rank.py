@@ -46,7 +46,7 @@ def _entry(setup, p: Placement, rank: int, ctx: int, label: str, ncm: int = 0, f
     else:
         kw = dict(n_gpu_layers=p.n_gpu_layers, ctx=ctx, kv_type=p.kv_type)
         cmd = llama_server(spec, q, n_cpu_moe=ncm if ncm < spec.n_layers else 0, cpu_moe=ncm >= spec.n_layers and ncm > 0, **kw)
-        ot = llama_server(spec, q, override_tensor=experts_ot_pattern(ncm) if ncm < spec.n_layers else "exps=CPU", **kw) if ncm else None
+        ot = llama_server(spec, q, override_tensor=experts_ot_pattern(ncm if ncm < spec.n_layers else None), **kw) if ncm else None
     return RankedPlacement(rank, p.n_gpu_layers, ncm, p.kv_type, ctx, dctx, d["tok_per_s"], f["tok_per_s"], p.gpu_total, p.cpu_total,
                            d["cpu_s"] / d["total_s"] if d["total_s"] else 0.0, cmd, ot, label)
 
