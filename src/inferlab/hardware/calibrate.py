@@ -714,12 +714,33 @@ def profile_path() -> str:
 
 
 def save_profile(profile: dict, path: str | None = None) -> str:
+    """Write the profile atomically: a unique temporary file in the target folder, fsync, rename;
+    the temporary is removed on any failure. A folder that cannot be made or written is a
+    ConfigError naming it (and $XDG_CONFIG_HOME, which chooses it)."""
+    import tempfile
+
+    from ..errors import ConfigError
+
     path = path or profile_path()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(profile, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".machine_profile.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the machine profile in {folder} ({exc.strerror or exc}); "
+                          "set XDG_CONFIG_HOME to a writable folder") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(profile, fh, indent=1, sort_keys=True, allow_nan=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise ConfigError(f"cannot write the machine profile {path} ({exc.strerror or exc})") from None
+        raise
     return path
 
 

@@ -163,14 +163,26 @@ def toy_model(name: str, preset: str, *, pure: bool = False, directory: str | No
     cfg = TOY_MODELS[name]
     directory = directory or cache_dir()
     f16 = os.path.join(directory, f"{cfg.name}-{cfg.key}-F16.gguf")
-    if not os.path.exists(f16):
-        write_f16_gguf(cfg, f16 + ".part")
-        os.replace(f16 + ".part", f16)
-    if preset == "F16":
-        return f16
-    out = os.path.join(directory, f"{cfg.name}-{cfg.key}-{preset}{'-pure' if pure else ''}.gguf")
-    if not os.path.exists(out):
-        quantize(f16, out, preset, pure=pure)
+    out = f16 if preset == "F16" else os.path.join(directory, f"{cfg.name}-{cfg.key}-{preset}{'-pure' if pure else ''}.gguf")
+    try:
+        if not os.path.exists(f16):
+            try:
+                write_f16_gguf(cfg, f16 + ".part")
+                os.replace(f16 + ".part", f16)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(f16 + ".part")  # nothing half-written stays behind
+        if not os.path.exists(out):
+            try:
+                quantize(f16, out, preset, pure=pure)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(out + ".part")
+    except OSError as exc:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"cannot write the toy models in {directory} ({exc.strerror or exc}); "
+                          "set XDG_CACHE_HOME to a writable folder with a few GB free") from None
     return out
 
 
