@@ -62,3 +62,12 @@ def test_the_issues_example_effect_line():
     r = diagnose("qwen2.5-14b", "rtx3060", flags="-c 32768", speed="bandwidth-only")
     f = next(x for x in r.findings if x.row == "partial-offload")
     assert "q8_0 KV: -ngl 34 → 43, 14.3 tok/s → 20.5 tok/s" in f.effects
+
+
+def test_serving_engines_allocation_rows():
+    r = diagnose("llama-3.1-8b", "rtx4060ti", engine="sglang", quant="type:F16", flags="--mem-fraction-static 0.5 --context-length 8192")
+    f = next(x for x in r.findings if x.row == "allocation-failure")
+    assert "0.5 x 16.0 GB" in f.evidence  # 8 GB static budget < 16.06 GB of F16 weights
+    v = diagnose("llama-3.1-8b", "rtx4090", engine="vllm", flags="--gpu-memory-utilization 0.95",
+                 error="ValueError: Free memory on device (20.1/23.99 GiB) on startup is less than desired GPU memory utilization")
+    assert any("--gpu-memory-utilization 0.85" in e for x in v.findings for e in x.effects)

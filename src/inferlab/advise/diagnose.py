@@ -28,7 +28,8 @@ SYMPTOMS = {
 
 ERROR_PATTERNS = (
     ("allocation-failure", re.compile(r"out of memory|failed to allocate|cudaMalloc|alloc.*failed|OOM|unable to allocate|"
-                                      r"not enough memory|No available memory for the cache blocks|insufficient memory", re.I)),
+                                      r"not enough memory|No available memory for the cache blocks|insufficient memory|"
+                                      r"less than desired GPU memory utilization|increase --mem-fraction-static", re.I)),
     ("capped-concurrency", re.compile(r"context size has been exceeded|preempt|max_num_seqs|all slots are busy|queue", re.I)),
     ("disk-paging", re.compile(r"page fault|swap|thrash|disk", re.I)),
     ("long-prefill", re.compile(r"timeout|time to first token|ttft", re.I)),

@@ -134,8 +134,11 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
     findings: list[Finding] = []
 
     def add(row: str, evidence: str, effects=()):
-        if any(f.row == row for f in findings):
-            return
+        for i, old in enumerate(findings):
+            if old.row == row:  # one finding per row: later evidence and fixes join it
+                findings[i] = dataclasses.replace(old, evidence=f"{old.evidence}; {evidence}",
+                                                  effects=old.effects + tuple(e for e in effects if e not in old.effects))
+                return
         s, c, f = SYMPTOMS[row]
         findings.append(Finding(row, s, c, f, evidence, tuple(effects)))
 
@@ -158,7 +161,22 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
                                       f"{ctx:,}-token requests need {-(-ctx // 16)} blocks, the pool has {vp.num_blocks}",
                 (f"--max-model-len {max(16, vp.num_blocks * 16):,}: fits the pool",))
         notes.append(vp.log_line)
-    if (gpu_short and engine == "llamacpp") or "allocation-failure" in err_rows:
+    if engine == "sglang" and m.gpus:
+        from ..advise.capacity import sglang_pool
+
+        frac = parsed.get("--mem-fraction-static")
+        sp = sglang_pool(spec, m, setup.scheme, "auto", mem_fraction_static=float(frac) if frac else None, context_length=ctx)
+        if sp.max_total_num_tokens < ctx:
+            add("allocation-failure", f"SGLang: mem_fraction_static {sp.mem_fraction_static} x {sp.total_bytes / GB:.1f} GB leaves "
+                                      f"{max(sp.kv_bytes, 0) / GB:.2f} GB after {sp.weights_bytes / GB:.2f} GB of weights: "
+                                      f"{sp.max_total_num_tokens:,} tokens, fewer than one {ctx:,}-token request",
+                (f"--context-length {max(sp.max_total_num_tokens, 0):,}", "a smaller (quantized) checkpoint"))
+        notes.append(sp.log_line)
+    if engine == "vllm" and "allocation-failure" in err_rows and float(parsed.get("--gpu-memory-utilization", 0.92)) > 0.85:
+        add("allocation-failure", f"error: {error[:120]}",
+            (f"--gpu-memory-utilization 0.85: leaves {0.15 * sum(d_.capacity_bytes for d_ in p.gpus) / GB:.1f} GB for the desktop "
+             "and other processes",))
+    if (gpu_short and engine == "llamacpp") or ("allocation-failure" in err_rows and engine == "llamacpp"):
         fitq = variant(n_ctx=p.n_ctx)
         eff = [f"drop -ngl (let --fit choose): -ngl {p.n_gpu_layers} → {fitq.n_gpu_layers}, {_fmt(_tok(fitq, setup, ctx_at))}"]
         if not fitq.fits or fitq.n_gpu_layers < L + 1:

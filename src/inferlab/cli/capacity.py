@@ -72,6 +72,9 @@ def capacity(model, machine_name, engine, ctx_text, kv_text, window, target_sess
             con.print(f"  {p.gpu_memory_utilization} x {p.total_bytes / GB:.1f} GB = {p.requested_bytes / GB:.2f} GB − weights "
                       f"{p.weights_bytes / GB:.2f} − activations {p.activation_bytes / GB:.2f} − non-torch {p.non_torch_bytes / GB:.2f} − "
                       f"CUDA graphs {p.cuda_graph_bytes / GB:.2f} = KV {p.kv_bytes / GB:.2f} GB, {p.num_blocks} blocks of {p.block_size}")
+        elif r.engine == "llamacpp":
+            con.print(f"  -np {p.n_parallel} slots x {r.contexts[-1]:,} tokens: -c {p.n_ctx:,} ({'unified' if p.unified else 'split'}), "
+                      f"KV {p.kv_bytes / GB:.2f} GB, {p.gpu_bytes / GB:.2f} GB on the GPU with -ngl {p.n_gpu_layers}")
         elif r.engine == "sglang":
             con.print(f"  mem_fraction_static {p.mem_fraction_static} (reserved {p.reserved_mib:.0f} MiB) x {p.total_bytes / GB:.1f} GB − "
                       f"weights {p.weights_bytes / GB:.2f} GB = KV {p.kv_bytes / GB:.2f} GB")
