@@ -119,3 +119,16 @@ def test_capacity_plot_png_and_svg(tmp_path, case_study):
         assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 20  # not a blank canvas
     text = svg.read_text()
     assert "context length (tokens)" in text and "concurrent sessions that fit" in text and "B=80" in text
+
+
+def test_kv_names_per_engine():
+    r = capacity("llama-3.1-8b", "rtx4090", engine="llamacpp", contexts=(4000,), kv_types=("f16", "fp8", "q4_0"))
+    fp8 = next(x for x in r.rows if x.kv_type == "fp8")
+    assert fp8.engine_kv_type is None and fp8.cells[0].engine_sessions is None and "vLLM's and SGLang's" in fp8.note
+    q4 = next(x for x in r.rows if x.kv_type == "q4_0")
+    assert q4.cells[0].kv_bytes_per_session == 131_072 / 2 * 18 / 32 * 4000  # 65,536 values a token x 18/32 bytes (q4_0 blocks)
+    v = capacity("llama-3.1-8b", "rtx4090", engine="vllm", contexts=(4000,), kv_types=("int8",))
+    assert v.rows[0].engine_kv_type == "fp8" and "int8_per_token_head" in v.rows[0].note
+    from inferlab.advise.flags import flag_table
+
+    assert "int8_per_token_head" in flag_table("vllm").option("--kv-cache-dtype").choices

@@ -267,6 +267,8 @@ def strategy_rows(spec: ModelSpec, machine: Machine, scheme, engine: str, contex
                 note = f"llama.cpp: -c {w} per slot with --context-shift drops the oldest tokens when a slot is full"
             if ek is not None and ek != kv and not note:
                 note = f"{engine} spells it {ek}" + (" (8.5 bits a value with its scales)" if ek == "q8_0" else "")
+                if engine == "vllm" and kv == "int8":
+                    note += " (0.33 also has int8_per_token_head: one byte a value plus a scale per token and head)"
             cells = []
             for n in contexts:
                 eff = min(n, w) if w else n
