@@ -27,7 +27,7 @@ def _mooncake(limit):
 MANAGERS = {
     "vllm-0.33": lambda: PagedManager(capacity_tokens=30000),
     "vllm-0.11-bs4": lambda: PagedManager(capacity_tokens=20000, block_size=4, version="0.11"),
-    "sglang-0.5.23": lambda: RadixManager(capacity_tokens=25000),
+    "sglang-0.5.23": lambda: RadixManager(capacity_tokens=28000),
     "sglang-0.5.2-p16": lambda: RadixManager(capacity_tokens=25000, page_size=16, version="0.5.2"),
     "llamacpp": lambda: SlotManager(capacity_tokens=60000),
 }

@@ -133,3 +133,130 @@ def test_bad_options():
         RadixManager(capacity_tokens=256, schedule_policy="lpn")
     with pytest.raises(UnknownNameError):
         RadixManager(capacity_tokens=256, version="0.4")
+
+
+# ------------------------------------------------------------------ issue 17: SGLang 0.5.23's rules
+
+def _running(m, spec):
+    """Put decoding requests straight into ``m``'s batch: spec = [(id, prompt, outputs)], each
+    holding prompt + outputs - 1 private cells (nothing in the tree)."""
+    from inferlab.kv.sglang import SglangRequest
+    seqs = []
+    for k, (rid, prompt, outputs) in enumerate(spec):
+        s = SglangRequest(Request(rid, 0, ids(1000 * k, prompt), 100), k)
+        s.last_node = m.tree.root
+        s.num_output, s.num_computed = outputs, prompt + outputs - 1
+        s.private = s.num_computed
+        m.private_tokens += s.private
+        m.running.append(s)
+        seqs.append(s)
+    return seqs
+
+
+@pytest.mark.parametrize("version,retracted", [("0.5.2", ["r2", "r1"]), ("0.5.23", ["r2"])])
+def test_retraction_stops_when_the_next_decode_fits_in_0_5_23(version, retracted):
+    # 74 cells; r0 / r1 / r2 hold 10 + 20 - 1 = 29, 24 and 19 -> 72 used, 2 free < 3 for the
+    # next decode step. Fewest outputs go first: r2 (frees 19 -> 21 free). 0.5.23 stops: the
+    # two left need 2 <= 21. 0.5.2 wants 20 steps of headroom for them (40 > 21) and retracts
+    # r1 too (it always keeps one).
+    m = RadixManager(capacity_tokens=74, version=version)
+    _running(m, [("r0", 10, 20), ("r1", 10, 15), ("r2", 10, 10)])
+    m._retract()
+    assert [s.req.id for s in m.waiting] == retracted
+    assert [s.req.id for s in m.running] == [r for r in ("r0", "r1", "r2") if r not in retracted]
+    m.check_invariants()
+
+
+def test_0_5_23_aborts_the_last_request_when_even_it_cannot_decode():
+    # one request holding all 30 cells: nothing to retract, the next token has no cell ->
+    # "Out of memory even after retracting all other requests": aborted, its cells freed.
+    m = RadixManager(capacity_tokens=30, version="0.5.23")
+    (s,) = _running(m, [("r0", 10, 21)])
+    m._retract()
+    assert m.running == [] and m.aborted == [s] and s.rejected and m.private_tokens == 0
+
+
+@pytest.mark.parametrize("version,admitted", [("0.5.2", True), ("0.5.23", False)])
+def test_admission_reserves_one_more_page_in_0_5_23(version, admitted):
+    # 100 free cells, prompt 50, max_new 49: 0.5.2 needs 50 + 49 < 100 (fits); 0.5.23's
+    # PrefillBudget needs 50 + 49 + page_size(1) < 100 (100 does not): the request can never
+    # be admitted, so add() rejects it; with max_new 48 (99 < 100) it is served.
+    run = simulate([Request("a", 0, ids(0, 50), 49), Request("b", 1, ids(500, 50), 48)],
+                   RadixManager(capacity_tokens=100, version=version))
+    r = by_id(run)
+    assert (r["a"].rejected is None) == admitted and r["b"].rejected is None
+
+
+@pytest.mark.parametrize("version,first", [("0.5.2", {"a": 1.0, "b": 2.0}), ("0.5.23", {"a": 1.0, "b": 1.0})])
+def test_max_prefill_tokens_binds_only_without_chunking_in_0_5_23(version, first):
+    # two 100-token prompts, max_prefill_tokens 150, chunked prefill on (2048). a is admitted
+    # (150 - 100 = 50 left). 0.5.2 stops before b, whose extend 100 >= 50: b prefills in round 2.
+    # 0.5.23 compares an extend with the input budget only when chunked prefill is off; b is
+    # admitted while the budget is positive (50 > 0), then budget_state ends the round (-50).
+    run = simulate([Request("a", 0, ids(0, 100), 3), Request("b", 0, ids(500, 100), 3)],
+                   RadixManager(capacity_tokens=4096, max_prefill_tokens=150, version=version))
+    assert {r.id: r.ttft_s for r in run.requests} == first
+
+
+def test_0_5_23_reserves_a_resumed_requests_whole_max_new_tokens():
+    # A request retracted after 60 of 100 tokens asks, on re-admission, for its remaining 40 in
+    # the fit check but reserves its whole max_new_tokens (100) plus its page-ceiled extend and one
+    # page; 0.5.2 reserves extend + the remaining 40.
+    from inferlab.kv.sglang import PrefillAdder, RadixCache, SglangRequest
+    for v2, want in ((True, 70 + 1 + 100), (False, 70 + 40)):
+        tree = RadixCache(1)
+        s = SglangRequest(Request("r", 0, ids(0, 10), 100), 0)
+        s.num_output = 60  # prompt 10 + 60 generated: 70 tokens to recompute, nothing cached
+        adder = PrefillAdder(tree, lambda: 10_000, 1, max_prefill_tokens=16384, chunked_prefill_size=2048,
+                             reserved=0.0, budget_v2=v2)
+        assert adder.add_one_req(s, 0, tree.root) == ("added", 70)
+        assert adder.offset == want
+
+
+def test_lpm_sorts_requests_sharing_an_uncached_prefix_last():
+    # Empty tree: every match is 0 <= 32, so each is checked against the waiting requests seen
+    # before it: a (S + x) joins the scratch tree; b (S + y) shares |S| = 40 >= 32 with a -> sorted
+    # last; c (unrelated) joins. lpm's order (longest match first, stable): a, c, then b.
+    from inferlab.kv.sglang import RadixCache, SglangRequest, calc_priority
+    S = ids(0, 40)
+    reqs = [SglangRequest(Request(n, 0, p, 4), k) for k, (n, p) in
+            enumerate((("a", S + ids(900, 5)), ("b", S + ids(950, 5)), ("c", ids(5000, 20))))]
+    assert [s.req.id for s in calc_priority("lpm", reqs, RadixCache(1))] == ["a", "c", "b"]
+
+
+def test_0_5_23_fcfs_refreshes_the_waiting_prefixes_every_32nd_round():
+    # touch_waiting_prefixes walks the first 128 waiting requests' tokens (head last), so their
+    # cached prefixes become the newest leaves: of two cached leaves X (older) and Y (newer), a
+    # waiting request on X makes Y the one evicted first.
+    from inferlab.kv.sglang import RadixCache, SglangRequest
+    from inferlab.kv.sglang.schedule_policy import touch_waiting_prefixes
+    tree = RadixCache(1)
+    X, Y = ids(0, 30), ids(1000, 30)
+    tree.insert(runs_of_list(X), 30)
+    tree.insert(runs_of_list(Y), 30)
+    waiting = [SglangRequest(Request("w", 0, X + ids(7000, 5), 4), 0)]
+    touch_waiting_prefixes(waiting, tree)
+    assert tree.evict(1) == 30 and tree.match_prefix(runs_of_list(X), 30)[0] == 30  # Y went, X stayed
+    # the manager refreshes on its 1st, 33rd, 65th ... priority computation (fcfs, 0.5.23 only)
+    m = RadixManager(capacity_tokens=1000, version="0.5.23")
+    calls = []
+    import inferlab.kv.sglang.scheduler as sched
+    real = sched.touch_waiting_prefixes
+    sched.touch_waiting_prefixes = lambda w, t: calls.append(m.priority_calls)
+    try:
+        simulate([Request(f"r{k}", k, ids(100 * k, 8), 1) for k in range(70)], m)
+    finally:
+        sched.touch_waiting_prefixes = real
+    assert calls == [0, 32, 64]
+
+
+def test_a_new_leaf_is_newer_than_the_edge_it_split():
+    # insert splits an edge: the old lower half keeps the walk's access time, the new leaf is
+    # strictly newer (SGLang stamps TreeNode() at creation), so evicting one leaf takes the
+    # lower half, every run (before: a tie broken by set order).
+    for _ in range(5):
+        tree = RadixTree(1)
+        tree.insert(runs_of_list(ids(0, 40)), 40)
+        tree.insert(runs_of_list(ids(0, 20) + ids(500, 20)), 40)  # splits at 20: lower half 20..39, leaf 500..
+        assert tree.evict(1) == 20
+        assert tree.match_prefix(runs_of_list(ids(0, 20) + ids(500, 20)), 40)[0] == 40

@@ -124,6 +124,7 @@ class RadixCache:
         """Insert ``runs[:length]`` (page-aligned); return (tokens already present, last node)."""
         matched, node, rest = self._walk(runs, length)
         if rest:
+            self.tick += 1  # a new leaf is strictly newer than the path (SGLang: TreeNode() stamps its creation)
             leaf = Node(rest, node, self.tick, self.num_nodes)
             self.num_nodes += 1
             node.children[self._child_key(rest)] = leaf

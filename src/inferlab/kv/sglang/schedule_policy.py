@@ -4,43 +4,62 @@ the order of the waiting queue, and the budgets a prefill batch is built under.
 Rules (docs/engines/sglang.md, "Waiting-queue policies", "Building a prefill batch"):
 * ``fcfs`` (default): arrival order; ``lpm``: longest prefix match first (FCFS above 128
   waiting); ``dfs-weight``: heavier subtrees first, a node's own requests after its children;
+* cache-aware policies sort the queue in place (a later FCFS fallback keeps that order); a
+  request whose tree match is at most 32 tokens but that shares 32+ tokens with an earlier
+  waiting request is sorted last (in-batch prefix deprioritisation, ``lpm``);
+* 0.5.23, ``fcfs``: every 32nd priority computation touches the cached prefixes of the first 128
+  waiting requests, the head last (``_touch_waiting_prefixes``);
 * admission uses ``rem_total_tokens`` (free + evictable minus the running requests' reserved
   future tokens scaled by ``new_token_ratio``, minus what this round admitted),
   ``max_prefill_tokens`` and ``chunked_prefill_size``, with at most one chunked request.
+  0.5.2: a request fits when ``extend + future < rem_total``, and reserves ``extend + future``;
+  ``max_prefill_tokens`` always stops the round. 0.5.23 (``PrefillBudget``): it fits when
+  ``extend + future + page_size < rem_total`` and reserves its page-ceiled extend, one page
+  and (unless chunked) ``min(max_new_tokens, 4096)``, its whole budget even when resumed
+  after a retraction; an extend is compared with ``max_prefill_tokens`` only with chunked
+  prefill off, and the round stops after an admission that spends a budget (``budget_state``).
 
-Not modelled: the in-batch prefix check that deprioritises waiting requests sharing an
-uncached prefix (cache-aware policies only), ``--enable-mixed-chunk``, priority scheduling.
+Not modelled: ``--enable-mixed-chunk``, priority scheduling, ``hrrn`` and the other 0.5.23
+policies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import islice
 from operator import attrgetter
 
 from .radix_cache import Node, RadixCache
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.CLIP_MAX_NEW_TOKENS
-WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # lpm falls back to fcfs above this many waiting
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # lpm falls back to fcfs above this many waiting; 0.5.23's refresh touches this many
+WAITING_PREFIX_REFRESH_INTERVAL = 32  # 0.5.23: fcfs touches the waiting prefixes every 32nd calc_priority
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32  # tree match at most this: check against the waiting requests
+IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32  # ... and sharing at least this with one: sorted last
 _out_len, _num_output = attrgetter("out_len"), attrgetter("num_output")
 
 
-def calc_priority(policy: str, waiting, tree: RadixCache, match: Callable):
+def calc_priority(policy: str, waiting, tree: RadixCache):
     """The waiting queue in the policy's order (``SchedulePolicy.calc_priority``). FCFS returns
-    the queue itself (admitted requests leave from its head); ``match(seq)`` is the scheduler's
-    prefix match, (matched tokens, last node)."""
+    the queue itself (admitted requests leave from its head); the cache-aware policies return
+    a sorted list, which the scheduler keeps as its queue (SGLang sorts in place). Their match
+    walks each request's whole tokens (``match_kv_cache`` without a limit); the sort key is
+    capped at ``num_tokens - 1`` (``num_matched_prefix_tokens``)."""
     if policy == "fcfs":
         return waiting
     if policy == "lpm":
         if len(waiting) > WAITING_QUEUE_PREFIX_MATCH_MAX:
             return waiting
-        keyed = [(match(s)[0], s) for s in waiting]
-        return [s for _, s in sorted(keyed, key=lambda x: -x[0])]
+        keyed = [(tree.match_prefix(s.runs, s.num_tokens)[0], s) for s in waiting]
+        late = _deprioritized(keyed)
+        return [s for _, s in sorted(keyed, key=lambda x: float("inf") if id(x[1]) in late
+                                     else -min(x[0], x[1].num_tokens - 1))]
     # dfs-weight: heavier subtrees first, a node's own requests after its children
     by_node: dict[Node, list] = {}
     weight: dict[Node, int] = {}
     for s in waiting:
-        node = match(s)[1]
+        node = tree.match_prefix(s.runs, s.num_tokens)[1]
         by_node.setdefault(node, []).append(s)
         while node is not None:
             weight[node] = weight.get(node, 0) + 1
@@ -55,6 +74,29 @@ def calc_priority(policy: str, waiting, tree: RadixCache, match: Callable):
 
     visit(tree.root)
     return out
+
+
+def _deprioritized(keyed) -> set[int]:
+    """In-batch prefix caching (``_compute_prefix_matches``): a request whose tree match is at
+    most 32 tokens is matched against a scratch tree of the waiting requests seen so far (their
+    whole tokens); 32+ shared tokens sort it last, otherwise its tokens join the scratch tree."""
+    scratch = RadixCache(1)
+    late: set[int] = set()
+    for matched, s in keyed:
+        if matched > IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
+            continue
+        if scratch.match_prefix(s.runs, s.num_tokens)[0] >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
+            late.add(id(s))
+        else:
+            scratch.insert(s.runs, s.num_tokens)
+    return late
+
+
+def touch_waiting_prefixes(waiting, tree: RadixCache) -> None:
+    """0.5.23's waiting-prefix refresh: touch (as a match does, splitting included) the cached
+    prefix of each of the first 128 waiting requests' whole tokens, the head last."""
+    for s in reversed(list(islice(waiting, WAITING_QUEUE_PREFIX_MATCH_MAX))):
+        tree.match_prefix(s.runs, s.num_tokens)
 
 
 def reserved_by_running(running, new_token_ratio: float) -> float:
@@ -73,23 +115,64 @@ ADDED, ADDED_CHUNKED, NO_TOKEN, OTHER = "added", "added_chunked", "no_token", "o
 
 class PrefillAdder:
     """The budgets of one prefill round, and the requests it takes: ``adds`` lists (request,
-    tokens computed this round). ``room()`` is the token pool's free plus evictable cells now."""
+    tokens computed this round). ``room()`` is the token pool's free plus evictable cells now.
+    ``budget_v2``: 0.5.23's ``PrefillBudget`` rules (see the module docstring), else 0.5.2's."""
 
     def __init__(self, tree: RadixCache, room: Callable[[], int], page_size: int, *, max_prefill_tokens: int,
-                 chunked_prefill_size: int | None, reserved: float):
+                 chunked_prefill_size: int | None, reserved: float, budget_v2: bool = False):
         self.tree = tree
         self.room = room
         self.page_size = page_size
         self.rem_input = max_prefill_tokens
         self.rem_chunk = chunked_prefill_size
         self.reserved = reserved
+        self.budget_v2 = budget_v2
         self.offset = 0  # tokens this round has taken (extends and admitted requests' futures)
+        self.current = 0  # 0.5.23's current_offset: this round's immediate allocations only
         self.adds: list[tuple[object, int]] = []
+
+    def _ceil_page(self, n: int) -> int:
+        return -(-n // self.page_size) * self.page_size
+
+    def remaining_total(self) -> float:
+        return self.room() - self.reserved - self.offset
+
+    def _charge(self, chunk: int, max_new: int) -> None:
+        """0.5.23's ``_update_prefill_budget`` / ``PrefillBudget.reserve`` for one admission."""
+        paged = self._ceil_page(chunk)
+        self.offset += paged + self.page_size + max_new
+        self.current += paged + self.page_size
+        self.rem_input -= paged
+        if self.rem_chunk is not None:
+            self.rem_chunk -= paged
+
+    def budget_state(self) -> str:
+        """0.5.23's ``budget_state``: NO_TOKEN when the pool has no room left for this round,
+        OTHER when a compute budget is spent, else ADDED (go on)."""
+        room = self.room()
+        if not (room - self.reserved - self.offset > 0 and room - self.current > 0):
+            return NO_TOKEN
+        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
+            return OTHER
+        return ADDED
 
     def add_chunked_req(self, seq) -> bool:
         """The chunked request continues first; True when this is its last chunk."""
         p = self.page_size
         extend = seq.num_tokens - seq.num_computed
+        if self.budget_v2:  # available_chunk_tokens: the chunk budget, bounded by the room left
+            rem = self.rem_chunk
+            bounded = min(rem, int(self.remaining_total()))
+            rem = bounded if bounded > 0 else rem
+            room = self.room()
+            if rem > room:  # simulator guard: SGLang would fail the allocation; wait for memory
+                rem = room - room % p
+            chunk = min(extend, rem)
+            last = chunk == extend
+            if chunk > 0:
+                self.adds.append((seq, chunk))
+            self._charge(chunk, min(seq.out_len, CLIP_MAX_NEW_TOKENS) if last else 0)
+            return last
         last = False
         room = self.room()
         if extend > room:  # simulator guard: SGLang would fail the prefill; wait for memory
@@ -116,9 +199,19 @@ class PrefillAdder:
         extend = seq.num_tokens - prefix_len
         future = min(seq.out_len - seq.num_output, CLIP_MAX_NEW_TOKENS)
         self.tree.inc_lock(node)  # the budget is checked with the prefix locked (_lock_node)
-        rem_total = self.room() - self.reserved - self.offset
+        rem_total = self.remaining_total()
         outcome, chunk = ADDED, extend
-        if extend + future >= rem_total:
+        if self.budget_v2:
+            paged = self._ceil_page(extend)
+            if extend + future + p >= rem_total:  # check_prefill: total_tokens < remaining_total
+                outcome = NO_TOKEN
+            elif self.rem_chunk is None and self.adds and paged >= self.rem_input:
+                outcome = OTHER
+            elif self.rem_chunk is not None and paged > self.rem_chunk:
+                end = (prefix_len + self.rem_chunk // p * p) // p * p
+                chunk = end - prefix_len
+                outcome = OTHER if chunk <= 0 else ADDED_CHUNKED
+        elif extend + future >= rem_total:
             outcome = NO_TOKEN
         elif extend >= self.rem_input and self.adds:
             outcome = OTHER
@@ -129,6 +222,9 @@ class PrefillAdder:
             self.tree.dec_lock(node)
             return outcome, 0
         self.adds.append((seq, chunk))
+        if self.budget_v2:  # the full max_new_tokens, also when resumed after a retraction
+            self._charge(chunk, min(seq.out_len, CLIP_MAX_NEW_TOKENS) if outcome == ADDED else 0)
+            return outcome, chunk
         self.offset += chunk + (future if outcome == ADDED else 0)
         self.rem_input -= chunk
         if self.rem_chunk is not None:

@@ -11,8 +11,12 @@ Rules (docs/engines/sglang.md, "Decode and prefill interleaving, retraction, new
 * the pool evicts for an allocation (0.5.2 asks the tree for the full allocation, 0.5.23 only
   the shortfall);
 * when a decode step lacks memory the request with the fewest output tokens (ties: longest
-  prompt) is retracted until the rest has 20 steps of headroom; ``new_token_ratio`` then
-  restarts from the remaining batch's progress, and decays by (init - min)/600 per decode step.
+  prompt) is retracted: 0.5.2 until the rest has 20 steps of headroom, 0.5.23 until the next
+  decode step fits (aborting the last request if even it cannot decode); ``new_token_ratio``
+  then restarts from the remaining batch's progress, and decays by (init - min)/600 per decode
+  step;
+* a request whose KV (whole pages) or admission reservation can never fit the pool is rejected
+  on arrival.
 
 Not modelled: the overlap scheduler, HiCache, eviction strategies other than ``lru``;
 ``max_running_requests`` defaults to ``min(capacity // 2, 4096)`` (SGLang also caps it by its
@@ -36,8 +40,9 @@ from ...errors import InvalidValueError, UnknownNameError
 from ..events import Admit, Allocate, Cache, Free, PrefixHit, Preempt
 from ..simulator import InvariantError, KVManager, Request, Seq, StepStats
 from .radix_cache import Node, RadixCache
-from .schedule_policy import (ADDED_CHUNKED, CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, SCHEDULE_POLICIES, PrefillAdder,
-                              calc_priority, reserved_by_running)
+from .schedule_policy import (ADDED, ADDED_CHUNKED, CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, SCHEDULE_POLICIES,
+                              WAITING_PREFIX_REFRESH_INTERVAL, PrefillAdder, calc_priority, reserved_by_running,
+                              touch_waiting_prefixes)
 
 SGLANG_VERSIONS = ("0.5.2", "0.5.23")
 RETRACT_DECODE_STEPS = 20  # global_config.retract_decode_steps
@@ -99,6 +104,8 @@ class RadixManager(KVManager):
         self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_ratio
         self.log_hit_tokens = self.log_input_tokens = 0
+        self.priority_calls = 0  # calc_priority calls (0.5.23's waiting-prefix refresh counts them)
+        self.aborted: list[SglangRequest] = []  # 0.5.23: the last request, when even it cannot decode
 
     def set_events(self, events: list | None) -> None:
         self.events = self.tree.events = events
@@ -189,8 +196,10 @@ class RadixManager(KVManager):
 
     # ---------------------------------------------------------------- scheduling
     def add(self, seq: SglangRequest, now: float) -> str | None:
-        final = seq.prompt_len + seq.out_len - 1
-        reserve = seq.prompt_len + min(seq.out_len, CLIP_MAX_NEW_TOKENS)
+        p = self.page_size
+        final = -(-(seq.prompt_len + seq.out_len - 1) // p) * p  # cells when the last token is sampled (whole pages)
+        # the admission check an empty pool must pass: extend + future (+ one page in 0.5.23) < free
+        reserve = seq.prompt_len + min(seq.out_len, CLIP_MAX_NEW_TOKENS) + (p if self.version == "0.5.23" else 0)
         if final > self.capacity_tokens or reserve >= self.capacity_tokens:
             return (f"prompt of {seq.prompt_len} + {seq.out_len} new tokens cannot fit the token pool of "
                     f"{self.capacity_tokens} (needs {max(final, reserve + 1)})")
@@ -214,19 +223,31 @@ class RadixManager(KVManager):
             self.batch_is_full = False  # nothing holds memory that a finish could return
         if (self.batch_is_full or not self.waiting) and self.chunked is None:
             return None
+        v23 = self.version == "0.5.23"
+        if v23 and self.chunked is None and len(self.running) >= self.max_running_requests:
+            self.batch_is_full = True  # no request slot: no priority computation either
+            return None
+        ordered = self.waiting
+        if not self.disable_radix_cache:
+            ordered = calc_priority(self.schedule_policy, self.waiting, self.tree)
+            if ordered is not self.waiting:
+                self.waiting = ordered = deque(ordered)  # sorted in place, as SGLang's list.sort
+            elif v23 and self.schedule_policy != "dfs-weight":  # FCFS is the active policy
+                if self.priority_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0:
+                    touch_waiting_prefixes(self.waiting, self.tree)
+                self.priority_calls += 1
         adder = PrefillAdder(self.tree, self.room, self.page_size, max_prefill_tokens=self.max_prefill_tokens,
                              chunked_prefill_size=self.chunked_prefill_size,
-                             reserved=reserved_by_running(self.running, self.new_token_ratio))
+                             reserved=reserved_by_running(self.running, self.new_token_ratio), budget_v2=v23)
         adds = adder.adds
         if self.chunked is not None and adder.add_chunked_req(self.chunked):  # the chunked request continues first
             self.chunked = None
         new_chunked = None
-        ordered = self.waiting if self.disable_radix_cache else calc_priority(
-            self.schedule_policy, self.waiting, self.tree, self._match)
-        in_order = ordered is self.waiting
         admitted: list[SglangRequest] = []
         ev = self.events
-        for seq in (list(ordered) if not in_order else ordered):
+        for seq in ordered:
+            if v23 and adder.budget_state() == OTHER:  # a spent pass budget admits no one
+                break
             if len(self.running) + len(adds) >= self.max_running_requests:
                 self.batch_is_full = True
                 break
@@ -248,13 +269,14 @@ class RadixManager(KVManager):
             if outcome == ADDED_CHUNKED:
                 new_chunked = seq
                 break
-        if admitted:
-            if in_order:
-                for _ in admitted:
-                    self.waiting.popleft()
-            else:
-                gone = set(map(id, admitted))
-                self.waiting = deque(s for s in self.waiting if id(s) not in gone)
+            if v23:  # add_one_req returns budget_state(): an admission that spends the budget ends the round
+                state = adder.budget_state()
+                if state != ADDED:
+                    self.batch_is_full = self.batch_is_full or state == NO_TOKEN
+                    break
+        if admitted:  # admitted requests are a prefix of the (ordered) queue
+            for _ in admitted:
+                self.waiting.popleft()
         if new_chunked is not None:
             self.chunked = new_chunked
         return adds or None
@@ -299,8 +321,11 @@ class RadixManager(KVManager):
             self.tree.evict(short)
         if self.available() < need:
             self._retract()
-            need = len(self.running) if self.page_size == 1 else sum(
-                self.page_size for s in self.running if s.num_computed % self.page_size == 0)
+            if self.aborted:
+                st.rejected.extend(self.aborted)
+                self.aborted.clear()
+            if not self.running:
+                return
         else:
             self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
         st.num_running = len(self.running)
@@ -361,29 +386,61 @@ class RadixManager(KVManager):
         self.private_tokens += k * len(self.running)
         self.new_token_ratio = max(self.new_token_ratio - k * self.ratio_decay, self.min_ratio)
 
+    def _decode_need(self, reqs) -> int:
+        """Token cells the next decode step allocates (``new_tokens_required_next_decode``)."""
+        if self.page_size == 1:
+            return len(reqs)
+        return sum(self.page_size for s in reqs if s.num_computed % self.page_size == 0)
+
+    def _decode_fits(self, reqs) -> bool:
+        """``check_decode_mem``: evict the shortfall, then whether the next decode step fits."""
+        need = self._decode_need(reqs)
+        if self.available() < need:
+            self.tree.evict(need - self.available())
+        return self.available() >= need
+
+    def _retract_one(self, seq: SglangRequest) -> None:
+        """``release_req``: free the request's own KV, unlock its prefix, back to the queue."""
+        if self.events is not None:
+            self.events.append(Preempt(seq.req.id, seq.num_computed))
+        self._release_private(seq)
+        self.tree.dec_lock(seq.last_node)
+        seq.last_node, seq.prefix_len = self.tree.root, 0
+        seq.num_computed = 0
+
     def _retract(self) -> None:
-        """retract_decode: fewest outputs first (ties: longest prompt) until 20 steps of headroom."""
+        """``retract_decode``: fewest outputs first (ties: longest prompt). 0.5.2: until 20 steps
+        of headroom; 0.5.23: until the next decode step fits (each retraction evicting the
+        shortfall of 20 steps for those left), aborting the last request if even it alone
+        cannot decode."""
         order = sorted(self.running, key=lambda s: (s.num_output, -s.prompt_len), reverse=True)
+        v23 = self.version == "0.5.23"
         retracted = 0
         while len(order) > 1:
-            headroom = self.available() + self.tree.evictable_tokens
-            if retracted and headroom >= len(order) * RETRACT_DECODE_STEPS:
+            if v23:
+                if retracted and self._decode_fits(order):
+                    break
+            elif retracted and self.available() + self.tree.evictable_tokens >= len(order) * RETRACT_DECODE_STEPS:
                 break
             seq = order.pop()
-            if self.events is not None:
-                self.events.append(Preempt(seq.req.id, seq.num_computed))
-            self._release_private(seq)
-            self.tree.dec_lock(seq.last_node)
-            seq.last_node, seq.prefix_len = self.tree.root, 0
-            seq.num_computed = 0
+            self._retract_one(seq)
             seq.preemptions += 1
             self.waiting.append(seq)
             retracted += 1
+            if v23:  # release_req uses the newly evictable memory at once
+                want = len(order) * RETRACT_DECODE_STEPS
+                if self.available() < want:
+                    self.tree.evict(want - self.available())
+        if v23 and len(order) <= 1 and not self._decode_fits(order):
+            seq = order.pop()  # "Out of memory even after retracting all other requests"
+            self._retract_one(seq)
+            seq.rejected = "aborted: out of KV memory even after retracting every other request (SGLang 0.5.23)"
+            self.aborted.append(seq)
         self.running = [s for s in self.running if s in order]
         avail = self.available()
         need = len(order)
-        if avail < need:
-            self.tree.evict(need - avail if self.version == "0.5.23" else need)
+        if avail < need and not v23:
+            self.tree.evict(need)
         decoded = sum(s.num_output for s in order)
         max_new = sum(s.out_len for s in order) + (1 if self.version == "0.5.23" else 0)
         self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(order)) / max_new)
