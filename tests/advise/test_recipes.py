@@ -134,3 +134,13 @@ def test_advice_figures_are_fits_figures():
     r2 = advise("qwen2.5-32b", "rtx4060ti", ctx=8192)
     fd = fit("qwen2.5-32b", "rtx4060ti", n_ctx=8192, context=4096)  # --fit's choice of -ngl
     assert r2.fit_default.n_gpu_layers == fd.n_gpu_layers and r2.fit_default.tok_per_s == pytest.approx(fd.decode.tok_per_s)
+
+
+def test_lora_and_draft_flags_in_every_command():
+    r = advise("llama-3.1-8b", "rtx4090", lora_rank=24, draft="llama-3.2-1b")
+    by = {e.engine: _flags(e) for e in r.engines}
+    assert by["llamacpp"]["--lora"].endswith(".gguf") and by["llamacpp"]["--spec-draft-model"].startswith("Llama-3.2-1B")
+    assert by["llamacpp"]["--spec-draft-n-max"] == "3"  # llama.cpp's default draft length, the estimate's γ
+    assert by["vllm"]["--enable-lora"] and by["vllm"]["--max-lora-rank"] == "32"  # rank 24 -> vLLM's next allowed rank
+    assert '"method":"draft_model"' in by["vllm"]["--speculative-config"]
+    assert by["sglang"]["--lora-paths"] and by["sglang"]["--speculative-algorithm"] == "STANDALONE"

@@ -80,6 +80,43 @@ def _serving_quant(bpw: float) -> tuple[str | None, str]:
     return "awq", "an AWQ 4-bit checkpoint (about the size of this GGUF)"
 
 
+ADAPTER = "my-adapter"  # the adapter's name and path placeholders in the emitted commands
+
+
+def _with_extras(e: EngineAdvice, spec, lora_rank: int | None, draft: Any, quant_label: str) -> EngineAdvice:
+    """The same command with the engine's LoRA flags (vLLM --enable-lora --max-lora-rank, llama.cpp --lora, SGLang
+    --lora-paths) and its draft-model flags (llama.cpp -md, vLLM --speculative-config, SGLang STANDALONE)."""
+    import json as _json
+
+    from ..advise.commands import EngineCommand, _checked, gguf_name, hf_name
+    from ..advise.lora import _vllm_rank
+    from ..advise.speculative import LLAMACPP_DRAFT_N_MAX
+    from ..models.resolve import resolve_model
+
+    argv = list(e.command.argv)
+    dspec = resolve_model(draft) if draft is not None else None
+    if e.engine == "llamacpp":
+        if lora_rank is not None:
+            argv += ["--lora", f"{ADAPTER}.gguf"]
+        if dspec is not None:
+            argv += ["-md", gguf_name(dspec, quant_label),  # the draft in the target's quantization, as the estimate prices it
+                      "--spec-draft-n-max", str(LLAMACPP_DRAFT_N_MAX)]
+    elif e.engine == "vllm":
+        if lora_rank is not None:
+            argv += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(_vllm_rank(lora_rank)), "--lora-modules", f"{ADAPTER}=./{ADAPTER}"]
+        if dspec is not None:
+            argv += ["--speculative-config", _json.dumps({"method": "draft_model", "model": hf_name(dspec),
+                                                          "num_speculative_tokens": LLAMACPP_DRAFT_N_MAX}, separators=(",", ":"))]
+    else:
+        if lora_rank is not None:
+            argv += ["--enable-lora", "--lora-paths", f"{ADAPTER}=./{ADAPTER}", "--max-lora-rank", str(lora_rank)]
+        if dspec is not None:
+            argv += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", hf_name(dspec),
+                     "--speculative-num-draft-tokens", str(LLAMACPP_DRAFT_N_MAX + 1)]
+    cmd: EngineCommand = _checked(e.engine, argv, e.command.reports, e.command.notes)
+    return EngineAdvice(e.engine, cmd, e.tok_per_s, e.aggregate_tok_per_s, e.sessions, e.reports)
+
+
 def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, shared_prefix: int = 0, quant: Any = None,
            lora_rank: int | None = None, draft: Any = None, acceptance_rate: float = 0.7, top: int = 3, speed: str = "calibrated") -> AdviceReport:
     check_positive("users", users)
@@ -188,6 +225,8 @@ def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, 
                                "(vLLM only in whole 16-token blocks)")
             if vs < users:
                 notes.append(f"vLLM's pool holds {vs} sessions of {n_ctx:,} tokens, fewer than {users}: requests will queue or be preempted")
+    if (lora_rank is not None or (draft is not None and fits)) and engines:
+        engines = [_with_extras(e, spec, lora_rank, draft if fits else None, qlabel) for e in engines]
     base_s = engines[0].tok_per_s if engines and engines[0].tok_per_s else None
     lc = lora_cost(setup, 1.0 / base_s, lora_rank) if lora_rank is not None and base_s else None
     if lora_rank is not None and base_s is None:
