@@ -125,7 +125,7 @@ def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, 
     check_positive("shared_prefix", shared_prefix, allow_zero=True)
     probe = configure(model, machine, quant=quant, n_ctx=min(DEFAULT_CTX, 4096), speed=speed, profile=False)
     spec = probe.spec
-    n_ctx = ctx if ctx is not None else min(DEFAULT_CTX, spec.n_ctx_train)
+    n_ctx = ctx if ctx else min(DEFAULT_CTX, spec.n_ctx_train) if ctx is None else spec.n_ctx_train  # 0: the trained length, as -c 0
     check_positive("ctx", n_ctx)
     if shared_prefix > n_ctx:
         raise InvalidValueError(f"shared prefix ({shared_prefix} tokens) is longer than the context ({n_ctx} tokens)")
@@ -229,6 +229,8 @@ def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, 
         engines = [_with_extras(e, spec, lora_rank, draft if fits else None, qlabel) for e in engines]
     base_s = engines[0].tok_per_s if engines and engines[0].tok_per_s else None
     lc = lora_cost(setup, 1.0 / base_s, lora_rank) if lora_rank is not None and base_s else None
+    if lc is not None and any(e.engine == "vllm" for e in engines):
+        notes.append(f"vLLM preallocates its LoRA slots ({lc.vllm_reserved_bytes / 1e6:.0f} MB for --max-loras 1) out of the KV pool")
     if lora_rank is not None and base_s is None:
         notes.append("no LoRA estimate: the configuration does not run")
     sp_est = None
