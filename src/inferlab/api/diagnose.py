@@ -83,16 +83,15 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
                     ("users", users)):
         if v is not None:
             check_positive(name, v)
-    words = flags.split() if isinstance(flags, str) else list(flags or [])
+    import shlex
+
+    words = shlex.split(flags) if isinstance(flags, str) else list(flags or [])
     if engine not in PROGRAMS:
         from ..errors import UnknownNameError
 
         raise UnknownNameError("engine", engine, PROGRAMS)
-    argv = [*PROGRAMS[engine], *(["model"] if engine == "vllm" else []), *words]
-    import shlex
-
-    parsed = parse_command(engine, shlex.join(argv) if isinstance(flags, list) else " ".join(argv) if not isinstance(flags, str) else
-                           shlex.join(PROGRAMS[engine]) + (" model " if engine == "vllm" else " ") + flags)
+    argv = [*PROGRAMS[engine], *(["MODEL"] if engine == "vllm" else []), *words]
+    parsed = parse_command(engine, argv)  # every flag checked against the engine's own table
     probe = configure(model, machine, quant=quant, n_ctx=4096, speed=speed, profile=False)
     spec, m = probe.spec, probe.machine
     L = spec.n_layers
@@ -236,5 +235,5 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
     if (users and users > np_) or "capped-concurrency" in err_rows:
         add("capped-concurrency", f"{users or 'more'} users on {np_} " + ("slots (-np)" if engine == "llamacpp" else "sequences (--max-num-seqs)"),
             (f"-np {users} -kvu: {users} slots share the {p.n_ctx:,} cells of -c" if engine == "llamacpp" and users else "raise --max-num-seqs",))
-    return DiagnosisReport(spec.name, m.name, engine, " ".join(argv), p.n_gpu_layers, p.n_ctx, p.kv_type, np_, p.fits, p.reason,
+    return DiagnosisReport(spec.name, m.name, engine, shlex.join(argv), p.n_gpu_layers, p.n_ctx, p.kv_type, np_, p.fits, p.reason,
                            pred, ttft, observed_tok_s, observed_ttft_s, tuple(findings), tuple(notes))
