@@ -1,7 +1,7 @@
 """Each engine's command-line arguments, as data (data/engines/<engine>.json), and a parser built from them.
 
 The tables were written from the engines' own definitions at a recorded version (see
-``advise/extract_flags.py``): llama.cpp's ``common/arg.cpp``, vLLM's ``make_arg_parser`` and SGLang's
+``scripts/extract_engine_flags.py``): llama.cpp's ``common/arg.cpp``, vLLM's ``make_arg_parser`` and SGLang's
 ``ServerArgs.add_cli_args``. ``parse_command`` reads a command line the way the engine would accept
 it (names, arity, choices) and raises ``InvalidValueError`` naming the flag otherwise, so every
 command inferlab emits is checked against the engine's real argument list.

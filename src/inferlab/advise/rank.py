@@ -78,7 +78,7 @@ def rank_placements(setup, ctx: int, *, kv_types: tuple[str, ...] = RANK_KV_TYPE
                     found.append((d["tok_per_s"], -p.gpu_total, p, c, ncm))
     found.sort(key=lambda t: (-t[0], t[1]))
     out, seen = [], set()
-    for tok, _, p, c, ncm in found:
+    for _tok, _, p, c, ncm in found:
         key = (p.n_gpu_layers, ncm, p.kv_type, c)
         if key in seen:
             continue

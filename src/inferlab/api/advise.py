@@ -88,7 +88,7 @@ def _with_extras(e: EngineAdvice, spec, lora_rank: int | None, draft: Any, quant
     --lora-paths) and its draft-model flags (llama.cpp -md, vLLM --speculative-config, SGLang STANDALONE)."""
     import json as _json
 
-    from ..advise.commands import EngineCommand, _checked, gguf_name, hf_name
+    from ..advise.commands import _checked, gguf_name, hf_name
     from ..advise.lora import _vllm_rank
     from ..advise.speculative import LLAMACPP_DRAFT_N_MAX
     from ..models.resolve import resolve_model
@@ -113,7 +113,7 @@ def _with_extras(e: EngineAdvice, spec, lora_rank: int | None, draft: Any, quant
         if dspec is not None:
             argv += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", hf_name(dspec),
                      "--speculative-num-draft-tokens", str(LLAMACPP_DRAFT_N_MAX + 1)]
-    cmd: EngineCommand = _checked(e.engine, argv, e.command.reports, e.command.notes)
+    cmd = _checked(e.engine, argv, e.command.reports, e.command.notes)
     return EngineAdvice(e.engine, cmd, e.tok_per_s, e.aggregate_tok_per_s, e.sessions, e.reports)
 
 

@@ -19,7 +19,6 @@ from ..advise.rank import rank_placements
 from ..errors import InvalidValueError, check_positive
 from ..perf.placement import GB, Placement, place
 from ..perf.speed import decode_step_time, prefill_time
-from ..quant.plan import weight_bytes
 from .report import Report
 from .setup import configure
 

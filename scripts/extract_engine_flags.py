@@ -1,6 +1,6 @@
 """Write data/engines/<engine>.json from each engine's own argument definitions (a maintainer's tool).
 
-Not imported by the package. Each table records the engine version, where its sources came from
+A maintainer's script, not part of the package. Each table records the engine version, where its sources came from
 and which files define the arguments, so a test can check every flag inferlab emits against them.
 
 * vLLM and SGLang: their real argparse parsers are built (``make_arg_parser`` of ``vllm serve``,
@@ -13,9 +13,9 @@ and which files define the arguments, so a test can check every flag inferlab em
 
 Usage (each engine needs its extracted sources and, for vLLM/SGLang, their import dependencies)::
 
-    python -m inferlab.advise.extract_flags llamacpp --src /tmp/llama.cpp --commit 0c1e570... --package llama-cpp-python==0.3.36
-    PYTHONPATH=/tmp/vllm-wheel:/tmp/deps VLLM_TARGET_DEVICE=cpu python -m inferlab.advise.extract_flags vllm --version 0.33.0
-    PYTHONPATH=/tmp/sglang-wheel:/tmp/deps python -m inferlab.advise.extract_flags sglang --version 0.5.23
+    python scripts/extract_engine_flags.py llamacpp --src /tmp/llama.cpp --commit 0c1e570... --package llama-cpp-python==0.3.36
+    PYTHONPATH=/tmp/vllm-wheel:/tmp/deps VLLM_TARGET_DEVICE=cpu python scripts/extract_engine_flags.py vllm --version 0.33.0
+    PYTHONPATH=/tmp/sglang-wheel:/tmp/deps python scripts/extract_engine_flags.py sglang --version 0.5.23
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import re
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "data" / "engines"
+OUT = Path(__file__).resolve().parents[1] / "src" / "inferlab" / "data" / "engines"
 
 
 def _plain(v):
