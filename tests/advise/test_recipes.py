@@ -144,3 +144,15 @@ def test_lora_and_draft_flags_in_every_command():
     assert by["vllm"]["--enable-lora"] and by["vllm"]["--max-lora-rank"] == "32"  # rank 24 -> vLLM's next allowed rank
     assert '"method":"draft_model"' in by["vllm"]["--speculative-config"]
     assert by["sglang"]["--lora-paths"] and by["sglang"]["--speculative-algorithm"] == "STANDALONE"
+
+
+def test_many_users_on_a_model_larger_than_vram():
+    from inferlab.perf.placement import place
+
+    r = advise("qwen2.5-32b", "rtx4060ti", users=4, ctx=4096)
+    assert r.recipe == "many-users-offload" and [e.engine for e in r.engines] == ["llamacpp"]
+    f = _flags(r.engines[0])
+    assert f["-np"] == "4" and f["-c"] == str(4 * 4096) and f["-kvu"]
+    p = place("qwen2.5-32b", "rtx4060ti", "Q4_K_M", 4 * 4096, f.get("-ctk", "f16"), int(f["-ngl"]))
+    assert p.fits  # the slots' shared -c fits beside the layers the command puts on the GPU
+    assert r.engines[0].aggregate_tok_per_s > r.engines[0].tok_per_s

@@ -167,22 +167,27 @@ def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, 
             reasons.append(f"-t {cores}: the physical cores; more threads contend for the same memory bus")
         chosen = "llamacpp"
     elif recipe in ("larger-than-vram", "many-users-offload"):
-        rsetup = configure(spec, m, quant=setup.scheme, n_ctx=n_ctx, speed=speed, profile=False)
-        fit_default, ranked = rank_placements(rsetup, n_ctx, top=top)[:2]
+        total_ctx = n_ctx * users  # -np users slots share -c: rank the placement that holds all of them
+        rsetup = configure(spec, m, quant=setup.scheme, n_ctx=total_ctx, speed=speed, profile=False)
+        fit_default, ranked = rank_placements(rsetup, total_ctx, top=top)[:2]
         chosen = "llamacpp"
         if ranked:
             best = ranked[0]
             cmd = best.command
+            agg = None
             if users > 1:
-                cmd = llama_server(spec, qlabel, n_gpu_layers=best.n_gpu_layers, ctx=n_ctx * users, kv_type=best.kv_type,
+                cmd = llama_server(spec, qlabel, n_gpu_layers=best.n_gpu_layers, ctx=total_ctx, kv_type=best.kv_type,
                                    n_parallel=users, kv_unified=True, n_cpu_moe=best.n_cpu_moe)
-            engines.append(EngineAdvice("llamacpp", cmd, best.tok_per_s, None, users, (f"-ngl {best.n_gpu_layers}: "
+                bp = place(spec, m, setup.scheme, total_ctx, best.kv_type, best.n_gpu_layers, n_cpu_moe=best.n_cpu_moe)
+                agg = decode_step_time(bp, m, max(1, n_ctx // 2), users, setup.speed)["tok_per_s"]
+            one = best.tok_per_s if users == 1 else decode_step_time(bp, m, max(1, n_ctx // 2), 1, setup.speed)["tok_per_s"]
+            engines.append(EngineAdvice("llamacpp", cmd, one, agg, users, (f"-ngl {best.n_gpu_layers}: "
                                         f"{best.gpu_bytes / GB:.1f} GB on the GPU, {best.cpu_share:.0%} of each step on the CPU",)))
             reasons.append(f"the best placement predicts {best.tok_per_s:.1f} tok/s against {fit_default.tok_per_s:.1f} "
                            f"for llama.cpp's --fit default (-ngl {fit_default.n_gpu_layers})")
         else:
-            notes.append(f"no placement of {spec.name} {qlabel} with a {n_ctx:,}-token context fits this machine: "
-                         + (place(spec, m, setup.scheme, n_ctx, 'f16', None).reason or "") + "; a smaller quantization or more RAM would")
+            notes.append(f"no placement of {spec.name} {qlabel} with a {total_ctx:,}-token context fits this machine: "
+                         + (place(spec, m, setup.scheme, total_ctx, 'f16', None).reason or "") + "; a smaller quantization or more RAM would")
         reasons.append("vLLM and SGLang do not offload layers: their --cpu-offload-gb streams weights over PCIe every pass")
         if spec.is_moe:
             reasons.append("MoE: attention and shared weights stay on the GPU, experts of the first blocks go to RAM (--n-cpu-moe)")
