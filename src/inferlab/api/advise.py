@@ -76,8 +76,8 @@ def _serving_quant(bpw: float) -> tuple[str | None, str]:
     if bpw >= 15:
         return None, "a 16-bit Hugging Face checkpoint"
     if bpw >= 7.5:
-        return "fp8", "an FP8 checkpoint (about the size of Q8_0)"
-    return "awq", "an AWQ 4-bit checkpoint (about the size of this GGUF)"
+        return "fp8", "an FP8 checkpoint (about the size of Q8_0): pass that checkpoint's repository as the model"
+    return "awq", "an AWQ 4-bit checkpoint (about the size of this GGUF): pass that checkpoint's repository as the model"
 
 
 ADAPTER = "my-adapter"  # the adapter's name and path placeholders in the emitted commands
