@@ -132,3 +132,13 @@ def test_kv_names_per_engine():
     from inferlab.advise.flags import flag_table
 
     assert "int8_per_token_head" in flag_table("vllm").option("--kv-cache-dtype").choices
+
+
+def test_vllm_batch_defaults_as_its_source_says():
+    from inferlab.advise.capacity import vllm_batch_defaults
+
+    gib = 2**30
+    assert vllm_batch_defaults(24e9, "RTX 4090") == (2048, 256)
+    assert vllm_batch_defaults(80e9, "A100 80GB SXM") == (2048, 256)  # the A100 keeps the small defaults (vLLM PR #17885)
+    assert vllm_batch_defaults(80e9, "H100 SXM 80GB") == (8192, 1024)
+    assert vllm_batch_defaults(160 * gib, "B200") == (16384, 1024)

@@ -128,9 +128,14 @@ class LlamacppPool:
     log_line: str
 
 
-def vllm_batch_defaults(total_bytes: float) -> tuple[int, int]:
-    """max_num_batched_tokens and max_num_seqs of `vllm serve` (EngineArgs.get_batch_defaults): 2048 / 256 below 70 GiB, 8192 / 1024 above."""
-    return (8192, 1024) if total_bytes >= 70 * GiB else (2048, 256)
+def vllm_batch_defaults(total_bytes: float, device_name: str = "") -> tuple[int, int]:
+    """max_num_batched_tokens and max_num_seqs of `vllm serve` (vllm/engine/arg_utils.py get_batch_defaults, API server):
+    16384 / 1024 from 160 GiB; 8192 / 1024 from 70 GiB except on an A100; else 2048 / 256."""
+    if total_bytes >= 160 * GiB:
+        return 16384, 1024
+    if total_bytes >= 70 * GiB and "a100" not in device_name.lower():
+        return 8192, 1024
+    return 2048, 256
 
 
 def vllm_pool(spec: ModelSpec, machine: Machine, scheme, kv_type: str = "auto", max_model_len: int | None = None, *,
@@ -142,7 +147,7 @@ def vllm_pool(spec: ModelSpec, machine: Machine, scheme, kv_type: str = "auto", 
     if not 0 < gpu_memory_utilization <= 1:
         raise InvalidValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     total = gpu_capacity_bytes(machine.gpus[0], machine)
-    mnbt, mns = vllm_batch_defaults(total)
+    mnbt, mns = vllm_batch_defaults(total, machine.gpus[0].name)
     mnbt, mns = max_num_batched_tokens or mnbt, max_num_seqs or mns
     mml = max_model_len or spec.n_ctx_train
     check_positive("max_model_len", mml)
