@@ -155,3 +155,21 @@ def test_match_catalog(name, key):
 def test_a_missing_catalog_is_a_reason_not_a_crash():
     d = inspect_machine(runner=replay(LINUX_L4), nvml=NoNVML(), profile=PROFILE, catalog={}, system="Linux")
     assert d.machine.gpu is None and d.unmatched_gpus == ("NVIDIA L4",)
+
+
+def test_a_profile_with_llama_cpp_rates_is_attached_and_no_profile_ignores_it():
+    """The detected host's CPU rates are the profile's own llama.cpp fit, named by the profile's
+    id and date; profile=False (`--no-profile`) gives the stored reference of the ISA class."""
+    from inferlab.perf.cpu_model import cpu_decode_rate_bytes_per_s, rates_label, reference_for
+
+    ref = {"id": "box@20261201T1400Z", "date": "2026-12-01T14:00:00+00:00", "simd": "avx512",
+           "per_core_bytes_per_s": {"Q4_K": 31e9}, "parallel_efficiency": {"Q4_K": 0.9}, "overhead_s_per_layer": 5e-5,
+           "decode_bw_eff": 0.75, "provenance": "llama.cpp CPU rates measured on this machine: machine profile box@20261201T1400Z "
+                                                "of 2026-12-01T14:00:00+00:00"}
+    profile = dict(PROFILE, date=ref["date"], host={"name": "box"}, llama_cpp={"reference": ref})
+    ram = inspect_machine(profile=profile).machine.ram
+    assert reference_for(ram) is ref and "box@20261201T1400Z" in rates_label(ram) and ref["date"] in rates_label(ram)
+    assert cpu_decode_rate_bytes_per_s(ram, "Q4_K", 1) == 31e9
+    assert cpu_decode_rate_bytes_per_s(ram, "IQ2_XXS", 1) == 31e9  # a type it did not measure: its stand-in, from the same rates
+    plain = inspect_machine(profile=False).machine.ram
+    assert reference_for(plain) is not ref and "box@" not in rates_label(plain) and "calibrated" not in plain.source
