@@ -127,3 +127,14 @@ def test_every_control_is_labelled_and_keyboard_reachable(page, fig):
     page.locator(f"#{fig} h2").evaluate("e => { e.tabIndex = -1; e.focus(); }")
     page.keyboard.press("Tab")
     assert first.evaluate("e => e === document.activeElement")
+
+
+def test_command_lines_follow_the_settings_and_copy(page):
+    set_controls(page, model="qwen2.5-14b", machine="rtx3060", kv="q8_0", n_ctx="32768", ngl=30)
+    yours = page.locator(f"#{FIG} [data-testid=cmd-yours] code").inner_text()
+    assert yours.startswith("llama-server -m ") and "-ngl 30" in yours and "-c 32768" in yours and "-ctk q8_0 -ctv q8_0" in yours
+    # the advisor's pick (api.advise: here llama.cpp only, a 14B model at 32k on 12 GB leaves vLLM and SGLang no room)
+    assert page.locator(f"#{FIG} [data-testid=cmd-llamacpp] code").inner_text().startswith("llama-server -m ")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.locator(f"#{FIG} [data-testid=cmd-yours] button").click()
+    assert page.evaluate("() => navigator.clipboard.readText()") == yours

@@ -13,12 +13,13 @@ and there is no CORS: a page from another origin cannot read the answers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 
 from . import figures
 from .bodies import DecodeBody, FitBody, LoadBody, PhasesBody, RooflineBody, SimBody
@@ -26,6 +27,7 @@ from .guard import BodyLimit, SecurityHeaders, install_error_handlers
 from .offer import Offer
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+ANSWERS_MAX_BYTES = 64 * 2**20  # remembered answers, all together (a calculator answer is ~6 KB)
 # The lesson's four loading scenarios (model, machine, context), figure 1 and 3
 LESSON_SCENARIOS = (
     {"id": "fits", "label": "Llama 3.1 8B on a 24 GB RTX 4090 (fits)", "model": "llama-3.1-8b", "machine": "rtx4090", "n_ctx": 8192},
@@ -72,6 +74,39 @@ def _features() -> dict[str, bool]:
     return {name: hasattr(api, name) for name in ("trace", "roofline", "capacity", "advise")}
 
 
+class Answers:
+    """Answers as JSON bytes, remembered per (question, body).
+
+    Every answer is a pure function of its body and of what the server offers (catalog data and
+    the files read at start), so a repeated question (a slider moved back, a second user) is
+    answered from memory. Questions about "local" are not remembered: a calibration may land while
+    the server runs. Bounded in bytes: the least recently used answers go first.
+    """
+
+    def __init__(self, max_bytes: int = ANSWERS_MAX_BYTES):
+        from collections import OrderedDict
+
+        self.max_bytes = max_bytes
+        self._memo: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self.n_bytes = self.hits = self.misses = 0
+
+    def get(self, question: str, body, compute) -> Response:
+        key = (question, body.model_dump_json())
+        raw = self._memo.get(key)
+        if raw is None:
+            self.misses += 1
+            raw = json.dumps(compute(), allow_nan=False, separators=(",", ":")).encode()
+            if getattr(body, "machine", None) != "local" and len(raw) <= self.max_bytes // 8:
+                self._memo[key] = raw
+                self.n_bytes += len(raw)
+                while self.n_bytes > self.max_bytes:
+                    self.n_bytes -= len(self._memo.popitem(last=False)[1])
+        else:
+            self.hits += 1
+            self._memo.move_to_end(key)
+        return Response(raw, media_type="application/json")
+
+
 def create_app(files: Sequence[str] = (), *, local: bool = False, host: str = "127.0.0.1") -> FastAPI:
     """The app. ``files``: GGUF files or HF folders the user named (read now, offered by id);
     ``local``: offer this machine (detected, with its calibration) as "local"; ``host``: the
@@ -101,35 +136,43 @@ def create_app(files: Sequence[str] = (), *, local: bool = False, host: str = "1
             catalog_cache["c"] = _catalog(offer)
         return catalog_cache["c"]
 
-    # plain `def` routes run in the thread pool: the service layer is synchronous Python
+    answers = Answers()
+
+    # The calculator's own request is answered on the event loop (a cached answer, or ~0.5 ms of
+    # Python); the heavier questions run in the thread pool (plain `def`).
     @app.post("/api/fit")
-    def fit(body: FitBody):
-        return figures.fit(offer, body)
+    async def fit(body: FitBody):
+        return answers.get("fit", body, lambda: figures.fit(offer, body))
+
+    @app.post("/api/advise")
+    def advise(body: FitBody):
+        return answers.get("advise", body, lambda: figures.advice(offer, body))
 
     @app.post("/api/fit/ngl-sweep")
     def ngl_sweep(body: FitBody):
-        return figures.ngl_sweep(offer, body)
+        return answers.get("ngl", body, lambda: figures.ngl_sweep(offer, body))
 
     @app.post("/api/trace/load")
     def load(body: LoadBody):
-        return figures.load(offer, body)
+        return answers.get("load", body, lambda: figures.load(offer, body))
 
     @app.post("/api/trace/decode")
     def decode(body: DecodeBody):
-        return figures.decode(offer, body)
+        return answers.get("decode", body, lambda: figures.decode(offer, body))
 
     @app.post("/api/trace/phases")
     def phases(body: PhasesBody):
-        return figures.phases(offer, body)
+        return answers.get("phases", body, lambda: figures.phases(offer, body))
 
     @app.post("/api/roofline")
     def roofline(body: RooflineBody):
-        return figures.roofline(offer, body)
+        return answers.get("roofline", body, lambda: figures.roofline(offer, body))
 
     @app.post("/api/simulate")
     def simulate(body: SimBody):
-        return figures.simulate(offer, body)
+        return answers.get("simulate", body, lambda: figures.simulate(offer, body))
 
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
     app.state.offer = offer
+    app.state.answers = answers
     return app

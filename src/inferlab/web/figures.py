@@ -45,32 +45,30 @@ def fit(offer: Offer, b: FitBody) -> dict[str, Any]:
     r = fit_api(**_configure_args(offer, b), context=b.context, n_prompt=b.n_prompt)
     d = r.to_dict()
     d["provenance"] = fit_provenance(d)
-    d["commands"] = commands(offer, b, d)
     return d
 
 
-def commands(offer: Offer, b: FitBody, fit_dict: dict[str, Any]) -> list[dict[str, str]] | None:
-    """The advisor's engine command lines for these settings (when inferlab.api.advise exists)."""
-    from .. import api
+def advice(offer: Offer, b: FitBody) -> dict[str, Any]:
+    """Engine command lines: llama-server with the calculator's own settings (checked against
+    llama.cpp's argument table by advise.commands), and the advisor's pick per engine for this
+    model, machine, quantization and context (api.advise)."""
+    from ..advise.commands import llama_server
+    from ..api import advise
+    from ..errors import InferlabError
 
-    fn = getattr(api, "advise", None)
-    if fn is None:
-        return None
-    params = inspect.signature(fn).parameters
-    kw = {k: v for k, v in _configure_args(offer, b).items() if k in params}
+    setup = setup_of(offer, b)
+    label = setup.scheme.label if setup.scheme is not None else "file"
+    mine = llama_server(setup.spec, label, n_gpu_layers=b.n_gpu_layers, ctx=b.n_ctx, kv_type=b.kv_type, n_cpu_moe=b.n_cpu_moe)
+    out: dict[str, Any] = {"kind": "AdviceFigure", "yours": {"engine": "llamacpp", "text": mine.text, "notes": list(mine.notes),
+                                                             "engine_version": mine.engine_version},
+                           "advice": None, "advice_error": None}
     try:
-        rep = fn(**kw)
-    except InvalidValueError:
-        return None
-    d = rep.to_dict() if hasattr(rep, "to_dict") else rep
-    out = []
-    for c in d.get("commands") or d.get("command_lines") or []:
-        if isinstance(c, str):
-            out.append({"engine": "", "command": c, "why": ""})
-        elif isinstance(c, dict) and c.get("command"):
-            cmd = c["command"] if isinstance(c["command"], str) else " ".join(map(str, c["command"]))
-            out.append({"engine": str(c.get("engine", "")), "command": cmd, "why": str(c.get("why", c.get("note", "")))})
-    return out or None
+        out["advice"] = advise(offer.model(b.model), offer.machine(b.machine), ctx=b.n_ctx, quant=b.quant, speed=b.speed).to_dict()
+    except InferlabError as exc:  # e.g. a machine none of the serving engines runs on
+        out["advice_error"] = str(exc)
+    out["provenance"] = {"commands": {"origin": "estimated", "source": "inferlab's advisor (advise/): flags checked against each "
+                                                                        "engine's own argument table"}}
+    return out
 
 
 def ngl_sweep(offer: Offer, b: FitBody) -> dict[str, Any]:

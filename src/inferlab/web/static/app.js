@@ -40,11 +40,11 @@ function el(tag, attrs = {}, ...kids) {
     if (k === "class") e.className = v; else if (k === "text") e.textContent = v; else if (k === "style") e.style.cssText = v;
     else e.setAttribute(k, v === true ? "" : v);
   }
-  for (const k of kids.flat()) if (k != null) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
+  for (const k of kids.flat(Infinity)) if (k != null) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
   return e;
 }
 
-function put(node, ...kids) { node.replaceChildren(...kids.flat().filter((k) => k != null)); }
+function put(node, ...kids) { node.replaceChildren(...kids.flat(Infinity).filter((k) => k != null)); }
 
 function provText(p) { return p ? `${p.origin}: ${p.source}` : ""; }
 
@@ -270,15 +270,16 @@ function setupCalc() {
     const b = body();
     const key = JSON.stringify({ ...b, n_gpu_layers: null });
     const sweepP = sweepCache.has(key) ? Promise.resolve(sweepCache.get(key)) : api("/api/fit/ngl-sweep", { ...b, n_gpu_layers: null });
-    const [r, sweep] = await Promise.all([api("/api/fit", b), sweepP]);
+    const adviceP = api("/api/advise", b).catch((err) => ({ error: err.message }));
+    const [r, sweep, adv] = await Promise.all([api("/api/fit", b), sweepP, adviceP]);
     sweepCache.set(key, sweep);
     CURRENT_MACHINE_UNIFIED = !!(CATALOG.machines.find((m) => m.id === b.machine) || {}).unified;
-    return () => drawCalc(section, out, r, sweep, auto, slider, shown);
+    return () => drawCalc(section, out, r, sweep, auto, slider, shown, adv);
   };
   return wire(section, render);
 }
 
-function drawCalc(section, out, r, sweep, auto, slider, shown) {
+function drawCalc(section, out, r, sweep, auto, slider, shown, adv) {
   const prov = r.provenance;
   if (auto.checked) slider.value = String(r.n_gpu_layers);
   shown.textContent = `${auto.checked ? "auto → " : ""}${r.n_gpu_layers} / ${r.n_gpu_layers_max} layers on the GPU`;
@@ -311,7 +312,12 @@ function drawCalc(section, out, r, sweep, auto, slider, shown) {
   });
   const sweepNote = el("p", { class: "lead" }, fitting.length
     ? `Fits up to -ngl ${fitting[fitting.length - 1].n_gpu_layers}; each point is inferlab's fit at that -ngl.` : "No -ngl fits on this machine.");
-  const cmds = r.commands ? el("div", {}, el("h3", {}, "Engine command lines"), r.commands.map((c) => cmdLine(c))) : null;
+  const cmds = el("div", { "data-testid": "calc-commands" }, el("h3", {}, "Engine command lines"), adv.error ? el("p", { class: "lead" }, `No command lines: ${adv.error}`) : [
+    el("p", { class: "lead" }, "llama.cpp with the settings above:"), cmdLine(adv.yours.text, "cmd-yours"),
+    adv.advice ? [el("p", { class: "lead" }, `The advisor's pick for one user (${adv.advice.recipe_text}):`),
+      adv.advice.engines.map((e) => el("div", {}, el("strong", {}, e.engine), e.tok_per_s != null ? el("span", {}, " · ", num(e.tok_per_s, fmt.tok(e.tok_per_s), adv.provenance.commands)) : null,
+        cmdLine(e.command.text, `cmd-${e.engine}`), [...e.reports, ...e.command.notes].map((x) => el("div", { class: "lead" }, x))))]
+      : el("p", { class: "lead" }, `The advisor has no pick: ${adv.advice_error}`)]);
   const notes = r.notes.length ? el("ul", {}, r.notes.map((n) => el("li", {}, n))) : null;
   const figs = el("details", {}, el("summary", {}, "Where the inputs come from"), el("div", { class: "tablewrap" }, el("table", {},
     el("thead", {}, el("tr", {}, el("th", {}, "figure"), el("th", {}, "value"), el("th", {}, "origin"), el("th", { style: "text-align:left" }, "source"))),
@@ -320,13 +326,12 @@ function drawCalc(section, out, r, sweep, auto, slider, shown) {
     el("p", { class: "lead" }, `Speed model: ${r.speed_model}; layer order: ${r.order}.`));
 }
 
-function cmdLine(c) {
-  const text = typeof c === "string" ? c : c.command;
-  const btn = el("button", { type: "button", "aria-label": "Copy the command line" }, "Copy");
+function cmdLine(text, testid) {
+  const btn = el("button", { type: "button", "aria-label": `Copy: ${text}` }, "Copy");
   btn.addEventListener("click", async () => {
     try { await navigator.clipboard.writeText(text); btn.textContent = "Copied"; } catch (e) { btn.textContent = "Select and copy"; }
   });
-  return el("div", { class: "cmd" }, el("pre", {}, el("code", {}, text)), btn);
+  return el("div", { class: "cmd", "data-testid": testid }, el("pre", {}, el("code", {}, text)), btn);
 }
 
 // ---------------------------------------------------------------- figure 1: loading step by step
