@@ -30,12 +30,21 @@ STUBBED = {
     "llguidance": "structured-output grammar backend",
     "partial_json_parser": "tool-call parser of the front end",
     "tvm_ffi": "SGLang's JIT kernel loader",
+    "triton": "GPU kernel compiler, imported at the top of SGLang's utils (no kernel runs here)",
+    "sglang.srt.layers.quantization": "SGLang's quantized linear layers (the KV pool module names their types)",
+    "sglang.srt.layers.moe": "SGLang's MoE kernels (compiled with torch.compile at import)",
     "sglang.srt.configs": "SGLang's per-model HF config classes (vision models pull torchvision); "
                           "the radix cache and the scheduler's policy never read them",
 }
 
 
 class _InertMeta(type):
+    def __new__(mcs, name, bases, ns, **kw):  # class X(Stub, total=False): keywords accepted
+        return super().__new__(mcs, name, bases, ns)
+
+    def __init__(cls, name, bases, ns, **kw):
+        super().__init__(name, bases, ns)
+
     def __getattr__(cls, name):
         if name.startswith("__"):
             raise AttributeError(name)
@@ -60,6 +69,7 @@ def _inert(name: str) -> type:
         return core_schema.any_schema()
 
     return _InertMeta(name, (), {"__init__": lambda self, *a, **k: None, "__call__": lambda self, *a, **k: None,
+                                 "__init_subclass__": classmethod(lambda cls, **kw: None),
                                  "__get_pydantic_core_schema__": classmethod(any_schema)})
 
 
@@ -72,21 +82,23 @@ class UnusedModuleStub(types.ModuleType):
         return v
 
 
+import os as _os  # (discovery aid, removed when the list is complete)
+STUBBED.update({k: "?" for k in _os.environ.get("EXTRA_STUBS", "").split(",") if k})
+
 # stubbed even though it is installed (it is part of the engine's own package)
-REPLACED = ("sglang.srt.configs",)
+REPLACED = ("sglang.srt.configs", "sglang.srt.layers.quantization", "sglang.srt.layers.moe")
 ENGINES = ("vllm", "sglang")
 
 
 def _imported_by_an_engine() -> bool:
-    """Whether the import runs on behalf of vLLM's or SGLang's code (a frame of theirs is on the
-    stack), so that other tests in the same process import these names as usual."""
+    """Whether the module that runs this import statement is vLLM's or SGLang's (the nearest
+    frame outside the import machinery), so that other code, other tests in the same process
+    and torch's own probes (``import triton`` inside torch.compile) import as usual."""
     f = sys._getframe(2)
-    while f is not None:
-        name = f.f_globals.get("__name__", "")
-        if name.split(".")[0] in ENGINES:
-            return True
+    while f is not None and (f.f_code.co_filename.startswith("<frozen") or f.f_globals.get("__name__") in (
+            __name__, "importlib", "importlib._bootstrap", "importlib._bootstrap_external", "importlib.util")):
         f = f.f_back
-    return False
+    return f is not None and f.f_globals.get("__name__", "").split(".")[0] in ENGINES
 
 
 class _StubFinder:
@@ -113,4 +125,7 @@ class _StubFinder:
 def install() -> None:
     """Serve the STUBBED modules (first on sys.meta_path, so a package on disk is replaced too)."""
     if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
+        # torch's compiler probes for triton when first imported; let it find none (the truth here)
+        # before a triton stub exists, so that SGLang's module-level torch.compile stays inert
+        import torch._inductor.compile_fx  # noqa: F401
         sys.meta_path.insert(0, _StubFinder())
