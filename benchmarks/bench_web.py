@@ -167,7 +167,7 @@ def main() -> None:
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"server did not start: {server.stderr.read().decode()[-2000:]}")
+                    raise SystemExit(f"server did not start: {server.stderr.read().decode()[-2000:]}") from None
                 time.sleep(0.1)
         calc = [("/api/fit", b) for b in calculator_bodies()]
         sim = [("/api/simulate", SIM_BODY)]

@@ -8,7 +8,7 @@ every number has a range. Names (model, machine) are checked against what the se
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
