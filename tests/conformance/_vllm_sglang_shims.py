@@ -82,9 +82,6 @@ class UnusedModuleStub(types.ModuleType):
         return v
 
 
-import os as _os  # (discovery aid, removed when the list is complete)
-STUBBED.update({k: "?" for k in _os.environ.get("EXTRA_STUBS", "").split(",") if k})
-
 # stubbed even though it is installed (it is part of the engine's own package)
 REPLACED = ("sglang.srt.configs", "sglang.srt.layers.quantization", "sglang.srt.layers.moe")
 ENGINES = ("vllm", "sglang")
