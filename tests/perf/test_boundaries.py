@@ -302,3 +302,13 @@ def test_moe_and_mla_flops_per_token_by_hand():
     big = Machine("toy big", replace(GPU, memory_gb=2000.0), replace(HOST, memory_gb=2000.0), 25.0)
     q = place(ds, big, "Q4_K_M", 1024, n_gpu_layers=62)
     assert q.gpus[0].attn_flops_per_token_ctx == 61 * 2 * 128 * (512 + 64 + 512)
+
+
+def test_kv_cache_bytes_per_batch_takes_counts_of_zero_and_up_only():
+    from inferlab.errors import InvalidValueError
+
+    assert kv_cache_bytes_per_batch(DENSE, 0, 4) == 0.0 and kv_cache_bytes_per_batch(DENSE, 10, 0) == 0.0
+    for bad in ({"seq_len": -1}, {"batch_size": -1}, {"seq_len": True}, {"batch_size": 2.0}, {"seq_len": 1.5}):
+        kw = {"seq_len": 10, "batch_size": 1, **bad}
+        with pytest.raises(InvalidValueError):
+            kv_cache_bytes_per_batch(DENSE, kw["seq_len"], kw["batch_size"])
