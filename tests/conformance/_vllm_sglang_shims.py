@@ -87,21 +87,27 @@ REPLACED = ("sglang.srt.configs", "sglang.srt.layers.quantization", "sglang.srt.
 ENGINES = ("vllm", "sglang")
 
 
-def _imported_by_an_engine() -> bool:
-    """Whether the module that runs this import statement is vLLM's or SGLang's (the nearest
+# stubbed only for SGLang's imports (vLLM probes for triton itself and runs without it)
+SGLANG_ONLY = ("triton",)
+
+
+def _importing_engine() -> str | None:
+    """"vllm" or "sglang" when the module that runs this import statement is theirs (the nearest
     frame outside the import machinery), so that other code, other tests in the same process
     and torch's own probes (``import triton`` inside torch.compile) import as usual."""
     f = sys._getframe(2)
     while f is not None and (f.f_code.co_filename.startswith("<frozen") or f.f_globals.get("__name__") in (
             __name__, "importlib", "importlib._bootstrap", "importlib._bootstrap_external", "importlib.util")):
         f = f.f_back
-    return f is not None and f.f_globals.get("__name__", "").split(".")[0] in ENGINES
+    root = f.f_globals.get("__name__", "").split(".")[0] if f is not None else ""
+    return root if root in ENGINES else None
 
 
 class _StubFinder:
     def find_spec(self, fullname, path, target=None):
         hit = next((s for s in STUBBED if fullname == s or fullname.startswith(s + ".")), None)
-        if hit is None or not _imported_by_an_engine():
+        engine = _importing_engine() if hit is not None else None
+        if engine is None or (hit in SGLANG_ONLY and engine != "sglang"):
             return None
         if hit not in REPLACED:  # only what is not installed: a real module, when present, is used
             for finder in sys.meta_path:

@@ -1,0 +1,106 @@
+"""Regenerate the conformance table: inferlab's managers against the engines' own code.
+
+    python scripts/conformance_table.py            # markdown on stdout
+    python scripts/conformance_table.py --json benchmarks/results/conformance.json
+
+Runs the same comparisons as tests/conformance (the wheels must be installed, as scripts/test
+does): vLLM's Scheduler / KVCacheManager / BlockPool against PagedManager on the hand-made
+cases and 1,000 Mooncake requests, compared per request on cached tokens, recomputed tokens,
+preemptions, first-token and finish step and output tokens; SGLang's RadixCache against
+inferlab's tree on every call of the hand-made cases and of 1,000 Mooncake requests at page
+size 1 and 16. Agreement is the share of compared values that are equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests" / "conformance"), str(ROOT / "tests")]
+
+TRACE_REQUESTS = 1000
+
+
+def vllm_row() -> dict:
+    import test_vllm_conformance as t
+
+    from inferlab.kv.traces import load_mooncake
+    from inferlab.kv_managers import PagedManager, simulate
+
+    from _paths import CONVERSATION_TRACE
+    eng = t.eng
+    values = same = 0
+    cases_ok = 0
+    for reqs, opts, cap in t.CASES.values():
+        ours = eng.inferlab_outcomes(simulate(reqs, PagedManager(capacity_tokens=cap, **opts)))
+        theirs = eng.VllmEngine(cap // opts.get("block_size", 16), **opts).run(reqs)
+        diffs = eng.differences(theirs, ours)
+        values += len(theirs) * len(eng.FIELDS)
+        same += len(theirs) * len(eng.FIELDS) - len(diffs)
+        cases_ok += not diffs
+    reqs = load_mooncake(CONVERSATION_TRACE, limit=TRACE_REQUESTS)
+    ours = eng.inferlab_outcomes(simulate(reqs, PagedManager(capacity_tokens=131072), record_timeline=False))
+    engine = eng.VllmEngine(131072 // 16)
+    theirs = engine.run(reqs)
+    diffs = eng.differences(theirs, ours)
+    trace_values = len(theirs) * len(eng.FIELDS)
+    return {"engine": "vLLM", "version": eng.VERSION, "compared": "Scheduler + KVCacheManager + BlockPool",
+            "cases": len(t.CASES), "cases_agreeing": cases_ok, "trace_requests": len(reqs),
+            "trace_preemptions": sum(o.preemptions for o in theirs.values()), "trace_evicted_blocks": engine.evictions,
+            "values": values + trace_values, "agreeing_values": same + trace_values - len(diffs),
+            "unit": "request fields"}
+
+
+def sglang_row() -> dict:
+    import test_sglang_conformance as t
+
+    from inferlab.kv.traces import load_mooncake
+    from inferlab.kv_managers import RadixManager, simulate
+
+    from _paths import CONVERSATION_TRACE
+    eng = t.eng
+    calls = same = cases_ok = 0
+    for reqs, opts in t.CASES.values():
+        _, _, n, diffs = t._replay(reqs, opts)
+        calls, same, cases_ok = calls + n, same + n - len(diffs), cases_ok + (not diffs)
+    reqs = load_mooncake(CONVERSATION_TRACE, limit=TRACE_REQUESTS)
+    evicted = 0
+    for page_size in (1, 16):
+        m = RadixManager(capacity_tokens=131072, page_size=page_size)
+        log = eng.record_tree_calls(m)
+        simulate(reqs, m, record_timeline=False)
+        n, diffs = eng.replay(log, page_size)
+        calls, same = calls + n, same + n - len(diffs)
+        evicted += sum(c[2] for c in log if c[0] == "evict")
+    return {"engine": "SGLang", "version": eng.VERSION, "compared": "RadixCache (every tree call)",
+            "cases": len(t.CASES), "cases_agreeing": cases_ok, "trace_requests": len(reqs),
+            "trace_evicted_tokens": evicted, "values": calls, "agreeing_values": same, "unit": "tree calls"}
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| engine | version | compared | cases | trace requests | agreement |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        pct = 100.0 * r["agreeing_values"] / r["values"] if r["values"] else 0.0
+        out.append(f"| {r['engine']} | {r['version']} | {r['compared']} | {r['cases_agreeing']}/{r['cases']} | "
+                   f"{r['trace_requests']:,} | {pct:.1f} % of {r['values']:,} {r['unit']} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--engines", default="vllm,sglang")
+    args = ap.parse_args()
+    fns = {"vllm": vllm_row, "sglang": sglang_row}
+    rows = [fns[e]() for e in args.engines.split(",")]
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
