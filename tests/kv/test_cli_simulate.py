@@ -99,3 +99,26 @@ def test_a_partly_offloaded_model_is_pooled_and_priced_on_one_placement():
     lesson_order = place(p.model, mc, "Q4_K_M", p.n_ctx, n_gpu_layers=p.n_gpu_layers, order="first-blocks")
     assert prefill_time(lesson_order, mc, 512, CALIBRATED())["total_s"] != pytest.approx(tm.step_time(512, 0, 0), rel=1e-3)
     assert tm.name == run.time_model
+
+
+def test_simulated_pools_are_the_engines_own_accounting_as_capacity_reports_it():
+    """One source of truth: `simulate --model --on` gives vLLM blocks x 16 and SGLang max_total_num_tokens of
+    the same accounting `inferlab capacity` shows (kv.pool), not a flat fraction of memory."""
+    from inferlab.api import capacity, simulate
+    from inferlab.kv.pool import sglang_pool, vllm_pool
+    from inferlab.kv.workloads import seed_chat
+    from inferlab.models.catalog import MODELS
+    from inferlab.hardware.catalog import MACHINES
+    from inferlab.quant.presets import resolve_quant
+
+    rep = simulate(seed_chat(), engines="vllm,sglang", model="llama-3.1-8b", machine="rtx4090")
+    spec, mc, q = MODELS["llama-3.1-8b"], MACHINES["rtx4090"], resolve_quant("preset:Q4_K_M")
+    v, s = vllm_pool(spec, mc, q), sglang_pool(spec, mc, q)
+    assert rep.run("vllm").capacity_tokens == v.num_blocks * 16 and v.num_blocks > 0
+    assert rep.run("sglang").capacity_tokens == s.max_total_num_tokens
+    # SGLang's own rule on a 24 GB card (0.70, not the flat 0.88 of before): (24e9/2^20 - reserved) / (24e9/2^20)
+    mib = 24e9 / 2**20
+    reserved = 512 + 4096 * 1.5 + 1 / 8 * 1024 + 48 * 2  # metadata + chunked prefill activations + tp slack + decode graphs
+    assert s.mem_fraction_static == round((mib - reserved) / mib, 3)
+    c = capacity("llama-3.1-8b", "rtx4090", engine="vllm", quant="Q4_K_M").to_dict()["pool"]
+    assert c["num_blocks"] == v.num_blocks and c["block_size"] * c["num_blocks"] == rep.run("vllm").capacity_tokens

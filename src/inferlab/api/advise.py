@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..advise.capacity import engine_kv_type, llamacpp_max_sessions, sglang_pool, vllm_pool
+from ..kv.pool import engine_kv_type, llamacpp_max_sessions, sglang_pool, vllm_pool
 from ..advise.commands import EngineCommand, llama_server, sglang_server, vllm_serve
 from ..advise.lora import LoraCost, lora_cost
 from ..advise.rank import RankedPlacement, rank_placements

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..advise.capacity import (LlamacppPool, SglangPool, StrategyRow, VllmPool, bytes_per_value, engine_kv_type,
-                               kv_values_per_token, llamacpp_max_sessions, llamacpp_pool, sglang_pool, strategy_rows,
-                               target_advice, vllm_pool)
+from ..advise.capacity import StrategyRow, bytes_per_value, strategy_rows, target_advice
+from ..kv.pool import (LlamacppPool, SglangPool, VllmPool, engine_kv_type, kv_values_per_token, llamacpp_max_sessions, llamacpp_pool,
+                       sglang_pool, vllm_pool)
 from ..advise.flags import ENGINES, flag_table
 from ..errors import InvalidValueError, UnknownNameError, check_positive
 from ..perf.placement import GB, gpu_capacity_bytes

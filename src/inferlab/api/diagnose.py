@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..advise.capacity import vllm_pool
+from ..kv.pool import vllm_pool
 from ..advise.diagnose import SYMPTOMS, rows_for_error
 from ..advise.flags import PROGRAMS, parse_command
 from ..advise.rank import rank_placements
@@ -160,7 +160,7 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
                 (f"--max-model-len {max(16, vp.num_blocks * 16):,}: fits the pool",))
         notes.append(vp.log_line)
     if engine == "sglang" and m.gpus:
-        from ..advise.capacity import sglang_pool
+        from ..kv.pool import sglang_pool
 
         frac = parsed.get("--mem-fraction-static")
         sp = sglang_pool(spec, m, setup.scheme, "auto", mem_fraction_static=float(frac) if frac else None, context_length=ctx)
