@@ -92,7 +92,7 @@ SGLANG_ONLY = ("triton",)
 
 
 def _importing_engine() -> str | None:
-    """"vllm" or "sglang" when the module that runs this import statement is theirs (the nearest
+    """The engine ("vllm" or "sglang") whose module runs this import statement, if any (the nearest
     frame outside the import machinery), so that other code, other tests in the same process
     and torch's own probes (``import triton`` inside torch.compile) import as usual."""
     f = sys._getframe(2)

@@ -265,7 +265,7 @@ def test_memoised_lookup_equals_the_plain_lookup_on_a_mooncake_slice():
         kv, calls = m.kv, []
         memoised = kv.get_computed_blocks
 
-        def checked(req):
+        def checked(req, memoised=memoised, kv=kv, calls=calls):
             hits = memoised(req)
             assert hits == kv.find_hits(req)
             calls.append(req.lookup_memo is not None)

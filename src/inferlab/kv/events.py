@@ -23,7 +23,7 @@ class Event:
     kind: ClassVar[str] = "event"
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"kind": self.kind}
+        d: dict[str, Any] = {"kind": self.kind}
         for k, v in asdict(self).items():
             d[k] = list(v) if isinstance(v, tuple) else v
         return d

@@ -519,7 +519,7 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
     summary = _summarize(manager, records, duration_s=duration, steps=steps, peak_concurrency=peak_conc,
                          kv_peak=kv_peak, kv_mean=kv_area / duration if duration > 0 else 0.0,
                          prefill_total=prefill_total, timed=time_model is not None)
-    timeline = {"t": list(tl_t), "kv_used_tokens": list(tl_used), "kv_cached_tokens": list(tl_cached),
+    timeline: dict[str, Sequence[float]] = {"t": list(tl_t), "kv_used_tokens": list(tl_used), "kv_cached_tokens": list(tl_cached),
                 "running": list(tl_run), "waiting": list(tl_wait)}
     return Run(engine=manager.engine, config=manager.config(), summary=summary, requests=records,
                timeline=timeline, events=tuple(step_events) if record_events else None)

@@ -43,7 +43,7 @@ class Node:
         self.key = key  # token runs of this edge
         self.length = sum(n for _, n in key)
         self.children: dict = {}
-        self.parent = parent
+        self.parent: Node = parent  # type: ignore[assignment]  # (None only for the root, which is never walked up from)
         self.lock_ref = 0
         self.last_access = last_access
 
@@ -169,7 +169,7 @@ class RadixCache:
                 self.leaves.add(parent)
                 if parent.lock_ref == 0:
                     heapq.heappush(heap, parent)
-        if gone:
+        if gone and self.events is not None:
             self.events.append(Evict(tokens=freed, nodes=tuple(gone)))
         return freed
 

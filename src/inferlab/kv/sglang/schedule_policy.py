@@ -26,6 +26,7 @@ policies.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from itertools import islice
 from operator import attrgetter
 
@@ -129,7 +130,7 @@ class PrefillAdder:
         self.budget_v2 = budget_v2
         self.offset = 0  # tokens this round has taken (extends and admitted requests' futures)
         self.current = 0  # 0.5.23's current_offset: this round's immediate allocations only
-        self.adds: list[tuple[object, int]] = []
+        self.adds: list[tuple[Any, int]] = []
 
     def _ceil_page(self, n: int) -> int:
         return -(-n // self.page_size) * self.page_size
@@ -162,6 +163,7 @@ class PrefillAdder:
         extend = seq.num_tokens - seq.num_computed
         if self.budget_v2:  # available_chunk_tokens: the chunk budget, bounded by the room left
             rem = self.rem_chunk
+            assert rem is not None  # (a chunked request exists only with chunked prefill on)
             bounded = min(rem, int(self.remaining_total()))
             rem = bounded if bounded > 0 else rem
             room = self.room()

@@ -60,7 +60,7 @@ class SglangRequest(Seq):
         super().__init__(req, index)
         self.private = 0  # KV cells it holds outside the tree (req_to_token beyond the prefix)
         self.prefix_len = 0  # tokens of its KV owned by the tree (up to last_node)
-        self.last_node: Node | None = None  # the tree node it locks (the root: none)
+        self.last_node: Node = None  # type: ignore[assignment]  # the tree node it locks (the root: none); add() sets the root
 
 
 class RadixManager(KVManager):

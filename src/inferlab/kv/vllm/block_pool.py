@@ -23,6 +23,7 @@ Fast paths, each beside the plain path its tests compare it with: :class:`FreeBl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import islice, takewhile
 from operator import itemgetter
 
@@ -148,7 +149,7 @@ class FreeBlockQueue:
             self.start = 0
         return b, k
 
-    def append_n(self, blocks: list[int], keys: list[int | None]) -> None:
+    def append_n(self, blocks: list[int], keys: Sequence[int | None]) -> None:
         """``append`` each block (with its hash) at the tail, in order."""
         self.tail += blocks
         self.tail_keys += keys
@@ -175,14 +176,15 @@ class FreeBlockQueue:
     def items(self) -> list[tuple[int, int | None]]:
         """(block, hash) from head to tail."""
         stale = dict(self.stale)
-        live = []
+        live: list[tuple[int, int | None]] = []
         for b, k in zip(islice(self.tail, self.start, None), islice(self.tail_keys, self.start, None)):
             c = stale.get(b)
             if c:
                 stale[b] = c - 1
             else:
                 live.append((b, k))
-        return [(b, None) for b in reversed(self.head)] + live
+        head: list[tuple[int, int | None]] = [(b, None) for b in reversed(self.head)]
+        return head + live
 
 
 class BlockPool:
@@ -196,8 +198,9 @@ class BlockPool:
     memoised per epoch. ``events`` is a list while a run records events (else None).
     """
 
-    def __init__(self, num_gpu_blocks: int, unhashed_to_head: bool):
+    def __init__(self, num_gpu_blocks: int, unhashed_to_head: bool, block_size: int = 16):
         self.num_gpu_blocks = num_gpu_blocks
+        self.block_size = block_size  # (tokens per block: only the evict events count tokens)
         self.usable_blocks = num_gpu_blocks - 1  # block 0 = null block
         self.unhashed_to_head = unhashed_to_head  # 0.33: free blocks without a hash go to the head
         self.ref = [0] * num_gpu_blocks
@@ -246,13 +249,13 @@ class BlockPool:
         cached content they still held evicted, each held once."""
         new, old = self.free.popleft_n(n)
         unhashed = old.count(None)
-        ks = old if not unhashed else [k for k in old if k is not None] if unhashed < n else []
+        ks: list = old if not unhashed else [k for k in old if k is not None] if unhashed < n else []
         if ks:  # lazy eviction of the cached content those blocks held
             self.num_hashed_free -= len(ks)
             self.map_epoch += 1
             if self.events is not None:
-                gone = [(b, k) for b, k in zip(new, old) if k is not None]
-                self.events.append(Evict(tokens=0, blocks=tuple(b for b, _ in gone), hashes=tuple(ks)))
+                gone = [b for b, k in zip(new, old) if k is not None]
+                self.events.append(Evict(tokens=len(gone) * self.block_size, blocks=tuple(gone), hashes=tuple(ks)))
             if self.dups and not self.dups.keys().isdisjoint(ks):
                 for b, k in zip(new, old):
                     if k is not None:
@@ -274,15 +277,15 @@ class BlockPool:
             self._evict(b, k)
             self.map_epoch += 1
             if self.events is not None:
-                self.events.append(Evict(tokens=0, blocks=(b,), hashes=(k,)))
+                self.events.append(Evict(tokens=self.block_size, blocks=(b,), hashes=(k,)))
         self.ref[b] = 1
         return b
 
-    def num_free_hits(self, hits: list[int]) -> int:
+    def num_free_hits(self, hits: Sequence[int]) -> int:
         """Hit blocks nobody holds (they sit in the free queue: touching them uses free room)."""
         return list(map(self.ref.__getitem__, hits)).count(0) if hits else 0
 
-    def touch(self, hits: list[int], free_hits: int) -> None:
+    def touch(self, hits: Sequence[int], free_hits: int) -> None:
         """``touch``: one more reference on each hit block; those nobody held leave the queue."""
         ref = self.ref
         if free_hits:

@@ -21,6 +21,8 @@ decode path of :meth:`KVCacheManager.allocate_slots` (``decode_block``) beside i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..events import Allocate, Cache, Free, PrefixHit
 from ..simulator import Request, Seq
 from .block_pool import BlockPool, block_keys
@@ -51,7 +53,7 @@ class KVCacheManager:
         self.watermark_blocks = watermark_blocks
         self.version = version
         self.full_isl_gate = version == "0.33"  # scheduler_reserve_full_isl
-        self.pool = BlockPool(num_gpu_blocks, unhashed_to_head=version == "0.33")
+        self.pool = BlockPool(num_gpu_blocks, unhashed_to_head=version == "0.33", block_size=block_size)
         # PrefixCacheStats: 0.33 records at admission (preempted requests apart), 0.11 at every lookup
         self.queries = self.hits = 0
         self.preempted_queries = self.preempted_hits = 0
@@ -100,7 +102,7 @@ class KVCacheManager:
                 self.preempted_hits += hit_tokens
 
     # ---------------------------------------------------------------- allocate_slots
-    def allocate_slots(self, req: VllmRequest, num_new: int, hits: list[int] = (), admitting: bool = False,
+    def allocate_slots(self, req: VllmRequest, num_new: int, hits: Sequence[int] = (), admitting: bool = False,
                        dry_run: bool = False, running: bool = True) -> bool:
         """``allocate_slots``: reserve blocks for ``num_new`` more tokens (after ``hits``);
         register the blocks that will be full. ``running``: other requests are running (the

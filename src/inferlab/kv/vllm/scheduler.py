@@ -25,7 +25,7 @@ from typing import Any
 
 from ...errors import InvalidValueError, UnknownNameError
 from ..events import Admit, Preempt
-from ..simulator import InvariantError, KVManager, StepStats
+from ..simulator import InvariantError, KVManager, Seq, StepStats
 from .kv_cache_manager import KVCacheManager, VllmRequest
 
 VLLM_VERSIONS = ("0.11", "0.33")
@@ -165,7 +165,7 @@ class PagedManager(KVManager):
         seq.block_hashes = seq.lookup_memo = None  # block keys are recomputed if ever needed; long traces keep memory flat
         st.finished.append(seq)
 
-    def _forward(self, seq: VllmRequest, num_new: int, first: list[VllmRequest], finished: list[VllmRequest]) -> bool:
+    def _forward(self, seq: VllmRequest, num_new: int, first: list[Seq], finished: list[VllmRequest]) -> bool:
         """The forward pass over ``num_new`` scheduled tokens of ``seq`` (KVManager.advance, plus
         the max_model_len stop); True when it was a decode token."""
         c = seq.num_computed + num_new
@@ -348,6 +348,7 @@ class PagedManager(KVManager):
     def _settle(self, seq: VllmRequest, t: int) -> None:
         """Take ``seq`` off the clock with its fields as of clock value ``t``."""
         bs, base = self.block_size, seq.dbase
+        assert base is not None  # (on the clock)
         seq.num_computed = c = base + t
         seq.num_output = c - seq.prompt_len + 1
         self.decode_events[-base % bs].remove((seq, True))
@@ -383,7 +384,7 @@ class PagedManager(KVManager):
                 return None  # the head would be admitted; it stays blocked while blocks only shrink
         b = len(running)
         bs, t = self.block_size, self.clock
-        c = [s.dbase + t for s in running[:nd]] + [s.num_computed for s in running[nd:]]
+        c = [s.dbase + t for s in running[:nd]] + [s.num_computed for s in running[nd:]]  # type: ignore[operator]  # (running[:nd] are on the clock)
         # nobody finishes: out_len - num_output - 1 more tokens each, num_output = c - prompt_len + 1
         k = min(s.out_len + s.prompt_len - x for s, x in zip(running, c)) - 2
         if self.max_model_len is not None:
@@ -429,6 +430,7 @@ class PagedManager(KVManager):
         want: list[list[tuple[VllmRequest, bool]]] = [[] for _ in range(bs)]
         finish: dict[int, list[VllmRequest]] = {}
         for s in lazy:
+            assert s.dbase is not None  # (checked above)
             c = s.dbase + t
             if c > s.prompt_len + s.out_len - 2 or len(s.blocks) != -(-c // bs) or (
                     self.enable_prefix_caching and s.num_cached_blocks != c // bs):
@@ -438,7 +440,7 @@ class PagedManager(KVManager):
             if self.enable_prefix_caching:
                 want[(-s.dbase - 1) % bs].append((s, False))
             finish.setdefault(s.out_len + s.prompt_len - 2 - s.dbase, []).append(s)
-        if want != self.decode_events or finish != self.finish_at or sum(s.dbase for s in lazy) != self.dbase_sum:
+        if want != self.decode_events or finish != self.finish_at or sum(s.dbase or 0 for s in lazy) != self.dbase_sum:
             raise InvariantError("vllm: the decode clock's event lists drifted")
 
     def check_drained(self) -> None:
