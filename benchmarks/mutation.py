@@ -69,6 +69,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "at context 0 the general formula gives the same zeros (min(0, window) and 0 cells)",
     ("quant/plan.py", "if hit is not None and hit[0] is model.tensors:", "const +1"):
         "hit[1] is never the tensor table, so the memo always misses and the plan is recomputed: the same plan",
+    ("kv/sglang/radix_cache.py", "boff += step", "augassign Add->Sub"):
+        "_advance runs only after a match floored to a page boundary inside an edge, which then splits; the "
+        "edge's remainder diverges from the prompt within its first page, so the next lookup from the cursor "
+        "finds no child either way (unless the prompt repeats that page elsewhere) and insert slices by `matched`",
     ("runtime/tokenizer.py", "for k in range(1, len(merged)):", "const -1"):
         "the split at 0 pairs the empty piece with the whole one; no vocabulary holds the empty piece",
     ("runtime/tokenizer.py", "found.sort(key=lambda m: m[:3])", "const +1"):
