@@ -70,3 +70,20 @@ def test_integer_options_accept_their_lowest_value_and_refuse_one_less(name, low
     SlotManager(4096, **{name: lowest})
     with pytest.raises(InvalidValueError, match=name):
         SlotManager(4096, **{name: lowest - 1})
+
+
+def test_a_slot_is_chosen_by_similarity_only_above_the_threshold():
+    # llama.cpp get_available_slot: a slot whose cached prompt shares more than --slot-prompt-similarity
+    # (0.10) of the new prompt is taken; otherwise the least recently used one. A then B fill two slots;
+    # C shares its first token with B: 1/10 = 0.10 is not above 0.10, so C takes A's older slot and
+    # reuses nothing; sharing 2/10 = 0.20 it takes B's slot and reuses those 2 tokens
+    from inferlab.kv_managers import Request, simulate
+
+    def ids(s, n):
+        return list(range(s, s + n))
+
+    for shared, cached in ((1, 0), (2, 2)):
+        reqs = [Request("A", 0, ids(0, 10), 2), Request("B", 100, ids(100, 10), 2),
+                Request("C", 200, ids(100, shared) + ids(500, 10 - shared), 2)]
+        run = simulate(reqs, SlotManager(4096, n_parallel=2, cache_ram_mib=0))
+        assert {r.id: r.cached_tokens for r in run.requests}["C"] == cached, shared
