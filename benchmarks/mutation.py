@@ -7,9 +7,10 @@ Each mutant changes one AST node of one core module: a comparison flipped (< <=,
 in / not in, is / is not), + and - swapped, * and / swapped, a term dropped (a + b -> a, a - b -> a),
 an integer or small float constant moved by one (n -> n + 1, n -> n - 1; 0 -> 1), a float of 100 or
 more x10 and /10 (a unit slip), min and max swapped, and / or swapped, a `not` removed. Nothing is
-mutated inside docstrings, raise or assert statements (error messages), annotations or decorators
-(a cache's maxsize). The repository's src/ and tests/ are copied to /tmp/mut-*, so /work/main is
-never touched (other people edit it meanwhile); each mutant is written into the copy and the
+mutated inside docstrings, raise or assert statements (error messages), annotations, decorators
+(a cache's maxsize) or the KV managers' check_invariants (an oracle the tests call, not
+behaviour). The repository's src/ and tests/ are copied to /tmp/mut-*, so /work/main is never
+touched (other people edit it meanwhile); each mutant is written into the copy and the
 target's test subset runs against it (PYTHONPATH = the copy's src, -x, -m "not slow", the tests that
 fail on the unmutated copy deselected). A mutant is killed when the subset fails or runs past
 timeout-factor x the unmutated run (an endless loop); it survives when the subset passes. Mutation
@@ -121,6 +122,8 @@ def _skip_regions(tree: ast.AST) -> set[int]:
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             for dec in n.decorator_list:  # lru_cache(maxsize=...): a cache's size changes no result
                 mark(dec)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "check_invariants":
+            mark(n)  # the simulator's own invariant checks are test oracles, not behaviour
         if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body:
             first = n.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
