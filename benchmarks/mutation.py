@@ -326,7 +326,8 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     total_killed = sum(c["killed"] + c["timeout"] for c in per_target.values())
     total = sum(c["killed"] + c["timeout"] + c["survived"] for c in per_target.values())
-    summary = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seed": args.seed,
+    summary = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv), "seed": args.seed,
+               "per_kv_target": args.per_kv_target,
                "per_target": args.per_target if not args.all else "all", "seconds": round(time.time() - started),
                "killed": total_killed, "non_equivalent": total, "killed_share": total_killed / total if total else None,
                "targets": per_target, "survivors": [r for r in results if r["status"] == "survived"],
