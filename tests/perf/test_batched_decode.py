@@ -175,3 +175,24 @@ def test_the_allocated_cache_bounds_batch_times_context():
         check_kv_room(p, 2049)
     with pytest.raises(InvalidValueError, match="2,050 cached tokens"):
         check_kv_room(p, 1025, 2)
+
+
+def test_the_bottleneck_sentence_gives_the_bytes_read_in_gb():
+    # Llama 3.1 8B Q4_K_M on an RTX 4090 at 1,000 cached tokens reads every weight but the embedding
+    # lookup plus 1,000 x 131,072 bytes of K/V (32 layers x 8 KV heads x 128 x 2 x 2 bytes)
+    from inferlab.hardware.catalog import MACHINES
+    from inferlab.models.catalog import MODELS
+    from inferlab.quant.plan import weight_bytes
+
+    m, mc = MODELS["llama-3.1-8b"], MACHINES["rtx4090"]
+    wb = weight_bytes(m, "Q4_K_M")
+    d = decode_step_time(place(m, mc, "Q4_K_M", 4096), mc, 1000)
+    gb = (wb["total"] - wb["token_embd"] + 1000 * 131_072) / 1e9
+    assert d["bottleneck"] == f"memory-bandwidth-bound on {mc.gpu.name}: {gb:.2f} GB read per step"
+    # the CPU-kernel sentence on a CPU-only machine: every block and the head, 10,470,400 bytes = 0.01 GB
+    from _toy import CPU_ONLY
+
+    slow = SpeedModel("toy-cpu", cpu_decode_rate=lambda dev, placement: 10e9)
+    c = decode_step_time(place(DENSE, CPU_ONLY, F32, 2048), CPU_ONLY, 0, model=slow)
+    assert c["bottleneck"] == ("per-core compute on toy host: the CPU cores dequantize and multiply the weights slower "
+                               "than its memory delivers them (0.01 GB per step)")
