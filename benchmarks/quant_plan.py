@@ -130,6 +130,9 @@ def quantizer_errors() -> list[dict]:
     return out
 
 
+_IM = {True: "+imatrix", False: ""}
+
+
 def real_quantizer_errors() -> list[dict]:
     """The real quantizations of tests/quant/test_real_quantizer.py (two worker processes)."""
     sys.path.insert(0, str(ROOT / "tests" / "quant"))
@@ -140,8 +143,15 @@ def real_quantizer_errors() -> list[dict]:
 
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
-        got = quantize_cases(T.CASES, d, n_workers=2, spread=T._spread)
+        seconds: dict = {}
+        got = quantize_cases(T.CASES, d, n_workers=2, spread=T._spread, seconds=seconds)
         wall = time.perf_counter() - t0
+    per_worker = {}
+    for w, t in seconds.values():
+        per_worker[w] = per_worker.get(w, 0.0) + t
+    slowest = sorted(seconds.items(), key=lambda kv: -kv[1][1])[:6]
+    print(f"real quantizations per worker (s): {', '.join(f'{w}: {t:.0f}' for w, t in sorted(per_worker.items()))}; "
+          f"slowest: {', '.join(f'{k[0]}/{k[1]}{_IM[k[2]]} {t:.1f}' for k, (_, t) in slowest)}")
     out = []
     for key, (spec, q, im) in T.CASES.items():
         r = got[key]
