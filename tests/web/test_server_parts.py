@@ -59,3 +59,41 @@ def test_remembered_answers_are_bounded_in_bytes():
     for n_ctx in range(1024, 1024 + 30):
         assert c.post("/api/fit", json={"model": "llama-3.1-8b", "machine": "rtx4090", "n_ctx": n_ctx}).status_code == 200
     assert 30_000 < app.state.answers.n_bytes <= 60_000
+
+
+@pytest.mark.parametrize("workload,capacity,limit", [("seed-chat", 384, 8), ("seed-chat", 128, 8), ("multi-turn", 2048, 24),
+                                                    ("multi-turn", 1024, 12)])
+def test_kv_frames_replay_the_simulators_events(workload, capacity, limit):
+    c = TestClient(create_app(), base_url="http://127.0.0.1")
+    r = c.post("/api/simulate", json={"workload": workload, "capacity_tokens": capacity, "limit": limit})
+    assert r.status_code == 200, r.text  # the server checks each replayed step against the simulator's counts
+    d = r.json()
+    for run in d["runs"]:
+        a = d["animation"][run["engine"]]
+        # one frame per simulator step, and one more where a step computed nothing but a request ended (rejected, truncated)
+        assert a["events"][-1]["step"] == run["summary"]["steps"] and len(a["events"]) >= run["summary"]["steps"]
+    blocks = d["animation"]["vllm"]["state"]
+    assert blocks["kind"] == "blocks" and blocks["n_blocks"] == capacity // 16 + 1
+    held = [h for f in blocks["frames"] for h, _ in f if h]
+    assert held and all(isinstance(x, str) for hs in held for x in hs)
+    tree = d["animation"]["sglang"]["state"]["frames"]
+    if (workload, capacity) == ("seed-chat", 384):  # each second turn matches its first turn's path and locks it while it runs
+        locked = {r for f in tree for n in f["nodes"] for r in n[2]}
+        assert {f"user{u}-turn2" for u in range(4)} <= locked
+
+
+def test_a_replay_that_loses_an_event_is_refused():
+    from inferlab.errors import InvalidValueError
+    from inferlab.kv.registry import manager_class
+    from inferlab.kv.simulator import simulate
+    from inferlab.kv.workloads import WORKLOADS
+    from inferlab.web.kv_frames import sglang_frames, vllm_frames
+
+    reqs = WORKLOADS["seed-chat"]()
+    for engine, replay in (("vllm", lambda s: vllm_frames(s, 25, 16)), ("sglang", sglang_frames)):
+        steps = [s.to_dict() for s in simulate(reqs, manager_class(engine)(capacity_tokens=384), record_events=True).events]
+        replay(steps)  # whole: fine
+        i = next(i for i, s in enumerate(steps) if any(e["kind"] == "free" for e in s["events"]))
+        steps[i]["events"] = [e for e in steps[i]["events"] if e["kind"] != "free"]
+        with pytest.raises(InvalidValueError, match="replay at step"):
+            replay(steps)

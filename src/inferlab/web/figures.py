@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import InvalidValueError
 from .bodies import Configuration, DecodeBody, FitBody, LoadBody, PhasesBody, RooflineBody, SimBody
+from .kv_frames import frames_for
 from .loading import tier_states
 from .offer import Offer
 from .provenance import SPEED_MODELS, fit_provenance, sim_provenance
@@ -179,6 +180,38 @@ def roofline(offer: Offer, b: RooflineBody) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ figure 6: three KV managers
+def _animation(run, reqs, time_unit: str) -> dict[str, Any]:
+    """One engine's frames: the simulator's per-step events (an untimed run recorded step by step,
+    the same run as the report's: its summary must be equal) replayed into blocks or tree nodes."""
+    from ..kv.registry import manager_class
+    from ..kv.simulator import simulate as run_sim
+
+    tl = run._run.timeline if run._run is not None else None
+    out: dict[str, Any] = {"events": None, "state": None, "timeline": {k: list(v) for k, v in tl.items()} if tl else None}
+    if time_unit != "step":
+        return out  # a timed run animates from its timeline
+    if run.summary["steps"] > SIM_EVENT_STEPS_MAX:
+        raise InvalidValueError(f"{run.engine} takes {run.summary['steps']} steps on this workload, over the {SIM_EVENT_STEPS_MAX} "
+                                "the animation plays; ask for fewer requests or use `inferlab simulate`")
+    opts = {k: v for k, v in run.config.items() if k in _manager_options(run.engine)}
+    rec = run_sim(reqs, manager_class(run.engine)(capacity_tokens=run.capacity_tokens, **opts), record_events=True)
+    # kv_mean_tokens is a time average that a fast-forwarded stretch integrates as a trapezoid: it may differ in the
+    # last digits from the step-by-step run's; every count must be equal
+    if {k: v for k, v in rec.summary.items() if k != "kv_mean_tokens"} != {k: v for k, v in run.summary.items() if k != "kv_mean_tokens"}:
+        raise InvalidValueError(f"{run.engine}: the recorded run differs from the report's (the animation would not show it)")
+    steps = [s.to_dict() for s in rec.events]
+    out["events"] = steps
+    out["state"] = frames_for(run.engine, steps, run.config, run.summary["kv_capacity_tokens"])
+    return out
+
+
+def _manager_options(engine: str) -> set[str]:
+    from ..kv.registry import manager_class
+
+    return {p for p in inspect.signature(manager_class(engine).__init__).parameters if p not in ("self", "capacity_tokens")}
+
+
+
 def simulate(offer: Offer, b: SimBody) -> dict[str, Any]:
     from ..api import simulate as simulate_api
     from ..kv.workloads import WORKLOADS
@@ -194,24 +227,10 @@ def simulate(offer: Offer, b: SimBody) -> dict[str, Any]:
             raise InvalidValueError("model and machine go together (or give capacity_tokens alone)")
         model, machine = offer.model(b.model), offer.machine(b.machine)
     cap = b.capacity_tokens if model is None else None
-    kw: dict[str, Any] = {}
-    if b.events:
-        kw["record_events" if "record_events" in inspect.signature(simulate_api).parameters else "record_timeline"] = True
     rep = simulate_api(reqs, engines=b.engines, capacity_tokens=cap, model=model, machine=machine, quant=b.quant,
-                       kv_type=b.kv_type, workload=b.workload, **kw)
+                       kv_type=b.kv_type, workload=b.workload, record_timeline=b.events)
     d = rep.to_dict()
     if b.events:
-        anim = {}
-        for run in rep.runs:
-            r = run._run
-            if r is None:
-                continue
-            if r.summary["steps"] > SIM_EVENT_STEPS_MAX:
-                raise InvalidValueError(f"{run.engine} takes {r.summary['steps']} steps on this workload, over the "
-                                        f"{SIM_EVENT_STEPS_MAX} the animation plays; ask for fewer requests or use `inferlab simulate`")
-            ev = getattr(r, "events", None)
-            anim[run.engine] = {"events": [s.to_dict() for s in ev] if ev is not None else None,
-                                "timeline": {k: list(v) for k, v in r.timeline.items()} if r.timeline else None}
-        d["animation"] = anim
+        d["animation"] = {run.engine: _animation(run, reqs, rep.time_unit) for run in rep.runs}
     d["provenance"] = sim_provenance(d)
     return d

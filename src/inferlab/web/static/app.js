@@ -566,14 +566,15 @@ function setupKv() {
   return runSim;
 }
 
-// one frame per simulator step, per engine: the simulator's own step records (events) or its timeline
+// one frame per simulator step, per engine: the simulator's own step records (events), with the
+// state the server replayed from them (vLLM's blocks, SGLang's tree); a timed run falls back to its timeline
 function framesOf(r) {
   const frames = {};
   for (const run of r.runs) {
-    const a = r.animation[run.engine];
+    const a = r.animation[run.engine], st = a.state;
     if (a.events) {
-      frames[run.engine] = a.events.map((s) => ({ step: s.step, t: s.t, used: s.kv_used_tokens, cached: s.kv_cached_tokens,
-        prefill: s.prefill_tokens, decode: s.decode_tokens, events: s.events }));
+      frames[run.engine] = a.events.map((s, i) => ({ step: s.step, t: s.t, used: s.kv_used_tokens, cached: s.kv_cached_tokens,
+        prefill: s.prefill_tokens, decode: s.decode_tokens, events: s.events, state: st ? { kind: st.kind, block_size: st.block_size, frame: st.frames[i] } : null }));
     } else {
       const tl = a.timeline;
       frames[run.engine] = tl.t.map((t, i) => ({ step: i + 1, t, used: tl.kv_used_tokens[i], cached: tl.kv_cached_tokens[i], running: tl.running[i], waiting: tl.waiting[i] }));
@@ -582,13 +583,34 @@ function framesOf(r) {
   return frames;
 }
 
+function stateView(f, cap) {
+  const s = f.state;
+  if (s && s.kind === "blocks") {
+    return el("div", {}, el("div", { class: "lead" }, `blocks of ${s.block_size} tokens (block 0 is vLLM's null block); hover for the prefix hash`),
+      el("div", { class: "cells blocks", role: "img", "aria-label": "vLLM's blocks" }, s.frame.map(([held, hash], b) => el("span", {
+        class: `cell big${held.length ? " used" : hash ? " cached" : ""}${b === 0 ? " null" : ""}`,
+        title: `block ${b}${hash ? ` · hash ${hash}` : ""}${held.length ? ` · held by ${held.join(", ")}` : hash ? " · cached, free to reuse" : " · free"}` },
+        held.length > 1 ? String(held.length) : ""))));
+  }
+  if (s && s.kind === "tree") {
+    const fr = s.frame;
+    return el("div", {}, el("div", { class: "lead" }, `radix tree: ${fmt.tokens(fr.tree_tokens)} in ${fr.nodes.length} nodes, ${fmt.tokens(fr.private_tokens)} private to running requests`),
+      el("div", { class: "nodes", role: "list", "aria-label": "SGLang's radix-tree nodes" }, fr.nodes.map(([n, tok, locked]) =>
+        el("span", { class: `node${locked.length ? " locked" : ""}`, role: "listitem", title: `node ${n}: ${tok} tokens inserted ending here${locked.length ? `; locked by ${locked.join(", ")}` : "; unlocked, evictable"}` },
+          `#${n} · ${tok}${locked.length ? " · locked" : ""}`))));
+  }
+  return cap <= 2048 ? el("div", { class: "cells", role: "img", "aria-label": `${f.used} tokens in use, ${f.cached} cached, of ${cap}` },
+    Array.from({ length: cap }, (_, k) => el("span", { class: `cell${k < f.used ? " used" : k < f.used + f.cached ? " cached" : ""}` }))) : null;
+}
+
 function eventText(e) {
   const who = e.request != null ? `request ${e.request}` : "";
   switch (e.kind) {
     case "admit": return `${who} admitted: ${e.cached_tokens} tokens cached, ${e.scheduled_tokens} computed now${e.resumed ? " (resumed)" : ""}`;
     case "prefix_hit": return `${who} prefix hit: ${e.tokens} tokens${e.blocks && e.blocks.length ? ` in blocks ${e.blocks.join(", ")}` : ""}${e.node != null ? ` (tree node ${e.node})` : ""}`;
-    case "allocate": return `${who} allocates ${e.tokens} tokens${e.blocks && e.blocks.length ? ` in blocks ${e.blocks.join(", ")}` : ""}`;
-    case "cache": return `${who} caches ${e.tokens || ""}${e.blocks && e.blocks.length ? ` blocks ${e.blocks.join(", ")}` : " tokens"}${e.new_tokens ? ` (${e.new_tokens} new)` : ""}`;
+    case "allocate": return `${who} allocates ${e.tokens} ${e.tokens === 1 ? "token" : "tokens"}${e.blocks && e.blocks.length ? ` in blocks ${e.blocks.join(", ")}` : ""}`;
+    case "cache": return e.blocks && e.blocks.length ? `${who} registers full blocks ${e.blocks.join(", ")} by their prefix hash`
+      : `${who} inserts ${e.tokens} tokens into the tree${e.node != null ? ` (ending at node ${e.node})` : ""}, ${e.new_tokens} of them new`;
     case "evict": return `evicts ${e.tokens} cached tokens${e.blocks && e.blocks.length ? ` (blocks ${e.blocks.join(", ")})` : ""}${e.nodes && e.nodes.length ? ` (nodes ${e.nodes.join(", ")})` : ""}`;
     case "free": return `${who} frees ${e.tokens} tokens`;
     case "preempt": return `${who} preempted: ${e.computed_tokens} tokens to recompute`;
@@ -613,14 +635,15 @@ function drawKv(section, out, sim, i, label) {
   label.textContent = `step ${i + 1} of ${total}${atEnd ? " (end: summary below)" : ""}`;
   const panels = r.runs.map((run) => {
     const frames = sim.frames[run.engine], f = frames[Math.min(i, frames.length - 1)];
-    const cap = run.capacity_tokens, done = i >= frames.length - 1;
-    const cells = cap <= 2048 ? el("div", { class: "cells", role: "img", "aria-label": `${f.used} tokens in use, ${f.cached} cached, of ${cap}` },
-      Array.from({ length: cap }, (_, k) => el("span", { class: `cell${k < f.used ? " used" : k < f.used + f.cached ? " cached" : ""}` }))) : null;
+    const cap = run.summary.kv_capacity_tokens, done = i >= frames.length - 1;
+    const cells = stateView(f, cap);
     const evs = f.events ? el("ul", { class: "events", "aria-label": "What this step did" }, f.events.map((e) => el("li", {}, eventText(e)))) : null;
     return el("div", { class: "engine", "data-testid": `kv-engine-${run.engine}` },
       el("h3", {}, run.engine === "llamacpp" ? "llama.cpp (slots)" : run.engine === "vllm" ? "vLLM (paged blocks)" : "SGLang (radix tree)"),
-      el("div", {}, `step ${f.step} of ${frames.length}${done ? " · done" : ""} · t = ${fixed(f.t, 1)} ${r.time_unit === "s" ? "s" : "steps"}`),
+      el("div", {}, `step ${f.step} of ${run.summary.steps}${done ? " · done" : ""} · t = ${fixed(f.t, 1)} ${r.time_unit === "s" ? "s" : "steps"}`,
+        f.prefill != null ? ` · ${f.prefill} prefill + ${f.decode} decode tokens` : ""),
       el("div", {}, num(f.used, `${fmt.int(f.used)} in use`, prov.summary), " · ", num(f.cached, `${fmt.int(f.cached)} cached`, prov.summary), ` · of ${fmt.tokens(cap)}`,
+        run.config.n_ctx_requested && run.config.n_ctx_requested !== cap ? ` (-c ${run.config.n_ctx_requested} padded to a multiple of ${run.config.ctx_pad})` : "",
         f.running != null ? ` · ${f.running} running, ${f.waiting} waiting` : ""),
       cells, evs);
   });
