@@ -71,6 +71,8 @@ async def _request(reader, writer, path: str, body: bytes) -> int:
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     await writer.drain()
     status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionError("the server closed the connection")
     status = int(status_line.split()[1])
     length = 0
     while True:
@@ -93,7 +95,7 @@ async def _client(port: int, jobs, deadline: float, lat: list, errors: list) -> 
             t0 = time.perf_counter()
             try:
                 status = await _request(reader, writer, path, body)
-            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
                 errors.append(f"{path}: {exc!r}")
                 writer.close()
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)

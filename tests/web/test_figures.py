@@ -49,6 +49,21 @@ def test_kv_animation_plays_to_the_summary_and_equals_inferlab_simulate(page):
         assert "0 in use" in page.locator(f"#fig-kv [data-testid=kv-engine-{engine}]").inner_text()
 
 
+def test_kv_step_shows_blocks_with_hashes_and_locked_tree_nodes(page):
+    settle(page, "fig-kv")
+    slider = page.locator("#fig-kv input[name=kv_step]")
+    slider.evaluate("(e) => { e.value = '30'; e.dispatchEvent(new Event('input', {bubbles: true})); }")  # step 31: user0's second turn runs
+    assert page.locator("#fig-kv [data-testid=kv-step-label]").inner_text().startswith("step 31 of 48")
+    vllm = page.locator("#fig-kv [data-testid=kv-engine-vllm]")
+    titles = [c.get_attribute("title") for c in vllm.locator(".cell.big").all()]
+    assert len(titles) == 384 // 16 + 1 and titles[0].startswith("block 0")
+    assert any("hash" in t and "held by user0-turn2" in t for t in titles)  # its prefix blocks, found by hash
+    assert any("cached, free to reuse" in t for t in titles)
+    sglang = page.locator("#fig-kv [data-testid=kv-engine-sglang]")
+    assert "locked by user0-turn2" in sglang.locator(".node.locked").first.get_attribute("title")
+    assert "step 31 of 48" in sglang.inner_text()
+
+
 def test_kv_controls_change_the_run(page):
     settle(page, "fig-kv")
     pool = page.locator("#fig-kv input[name=capacity_tokens]")

@@ -129,6 +129,15 @@ def install_error_handlers(app) -> None:
             msg += f"; and {len(errs) - 1} more"
         return JSONResponse({"error": msg, "errors": errs}, status_code=422)
 
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        # a bug, not bad input: say so in one line (the page shows it) and keep the traceback in the server's log
+        import logging
+
+        logging.getLogger("inferlab.web").exception("internal error on %s", request.url.path)
+        return JSONResponse({"error": f"internal error ({type(exc).__name__}); this is a bug in inferlab, please report it",
+                             "type": "InternalError"}, status_code=500)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         msg = exc.detail if isinstance(exc.detail, str) else "request refused"
