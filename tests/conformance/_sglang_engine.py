@@ -145,3 +145,84 @@ def replay(calls, page_size: int) -> tuple[int, list[tuple]]:
         if theirs != ours:
             diffs.append((k, op, ours, theirs))
     return len(calls), diffs
+
+
+# ---------------------------------------------------------------- SGLang's own PrefillAdder
+
+from types import SimpleNamespace  # noqa: E402
+
+from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder  # noqa: E402
+from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.runtime_context import get_context  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+
+def _publish_server_args() -> None:
+    """SGLang's scheduling code reads its settings from a process-wide context built from
+    ServerArgs: publish the defaults (a local config.json, CPU, no tokenizer)."""
+    import json
+    import tempfile
+    from pathlib import Path
+    d = Path(tempfile.gettempdir()) / "inferlab-conformance-sglang-model"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    get_context().set_server_args(ServerArgs(model_path=str(d), device="cpu", skip_tokenizer_init=True))
+
+
+_publish_server_args()
+
+
+class CountingAllocator(BaseTokenToKVPoolAllocator):
+    """A token pool that only says how many cells are free (what PrefillAdder asks)."""
+
+    def __init__(self, free: int, page_size: int = 1):
+        super().__init__(size=1 << 30, page_size=page_size, dtype=torch.int64, device="cpu", kvcache=None,
+                         need_sort=False)
+        self.free_count = free
+
+    def available_size(self):
+        return self.free_count
+
+    def alloc(self, *args, **kwargs):
+        raise NotImplementedError("the adder only plans")
+
+    def free(self, *args, **kwargs):
+        pass
+
+    def free_segment(self, *args, **kwargs):
+        pass
+
+    def clear(self):
+        pass
+
+
+def sglang_req(rid, ids, max_new_tokens: int, output=()) -> Req:
+    r = Req(str(rid), "", array("q", ids), SamplingParams(max_new_tokens=max_new_tokens))
+    r.output_ids = array("q", output)
+    return r
+
+
+def sglang_prefill_round(tree: RadixCache, free: int, running: list, waiting: list, *, new_token_ratio: float,
+                         max_prefill_tokens: int, chunked_prefill_size: int | None, page_size: int = 1):
+    """The waiting-queue loop of Scheduler._get_new_batch_prefill_raw (fcfs, no chunked request
+    in flight, no LoRA / HiCache / priorities) around SGLang's own PrefillAdder: (admitted as
+    [(rid, prefix_len, extend_len)], the new chunked request's rid, batch_is_full)."""
+    alloc = CountingAllocator(free, page_size)
+    tree.token_to_kv_pool_allocator = alloc
+    batch = SimpleNamespace(reqs=running, batch_size=lambda: len(running), is_empty=lambda: not running)
+    adder = PrefillAdder(page_size, tree, alloc, batch, new_token_ratio, max_prefill_tokens, chunked_prefill_size)
+    full = False
+    for req in waiting:
+        if adder.budget_state() == AddReqResult.OTHER:
+            break
+        req.init_next_round_input(tree)
+        res = adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+        if res != AddReqResult.CONTINUE:
+            if res == AddReqResult.NO_TOKEN:
+                full = len(adder.can_run_list) > 0 or bool(running)
+            break
+    admitted = [(r.rid, r.prefix_len, r.extend_end - r.prefix_len) for r in adder.can_run_list]
+    chunked = adder.new_chunked_req.rid if adder.new_chunked_req is not None else None
+    return admitted, chunked, full

@@ -30,6 +30,7 @@ STUBBED = {
     "llguidance": "structured-output grammar backend",
     "partial_json_parser": "tool-call parser of the front end",
     "tvm_ffi": "SGLang's JIT kernel loader",
+    "dill": "serialises SGLang's custom logit processors (none here)",
     "triton": "GPU kernel compiler, imported at the top of SGLang's utils (no kernel runs here)",
     "sglang.srt.layers.quantization": "SGLang's quantized linear layers (the KV pool module names their types)",
     "sglang.srt.layers.moe": "SGLang's MoE kernels (compiled with torch.compile at import)",

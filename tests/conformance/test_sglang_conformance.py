@@ -107,3 +107,84 @@ def test_sglang_radix_cache_on_a_mooncake_window(page_size):
     assert diffs == [], f"{len(diffs)} of {n} calls differ, first {diffs[:3]}"
     assert n > 50_000 and sum(c[2] for c in calls if c[0] == "evict") > 10_000_000
     assert run.summary["preemptions"] > 0
+
+
+def _random_round(rng):
+    """A random scheduler state: cached prompts in the tree, running requests with reserved
+    futures, waiting requests (some resumed after a retraction) that share cached prefixes."""
+    stems = [ids(10_000 * (k + 1), rng.randint(8, 300)) for k in range(rng.randint(0, 3))]
+    running = [(f"run{k}", ids(500_000 + 1000 * k, rng.randint(1, 50)), rng.randint(2, 6000)) for k in range(rng.randint(0, 4))]
+    running = [(rid, p, out, rng.randint(1, out - 1)) for rid, p, out in running]
+    waiting = []
+    for k in range(rng.randint(1, 6)):
+        base = rng.choice(stems)[:rng.randint(1, 300)] if stems and rng.random() < 0.7 else []
+        prompt = base + ids(900_000 + 1000 * k, rng.randint(1, 400))
+        out = rng.randint(1, 200) if rng.random() < 0.6 else rng.randint(1, 6000)
+        done = rng.randint(1, out - 1) if out > 1 and rng.random() < 0.2 else 0  # resumed after a retraction
+        waiting.append((f"w{k}", prompt, out, done))
+    return stems, running, waiting, dict(
+        free=rng.randint(0, 8000), new_token_ratio=rng.choice([0.098, 0.3, 0.7, 1.0]),
+        max_prefill_tokens=rng.choice([16384, 500, 150]), chunked_prefill_size=rng.choice([None, 64, 2048]))
+
+
+def _inferlab_round(stems, running, waiting, free, new_token_ratio, max_prefill_tokens, chunked_prefill_size):
+    from inferlab.kv.sglang import SglangRequest
+    from inferlab.kv.tokens import runs_of_list
+    private = sum(len(p) + done - 1 for _, p, _, done in running)
+    cached = sum(len(s) for s in stems)  # (stems share no tokens: each is its own leaf)
+    m = RadixManager(capacity_tokens=free + cached + private, version="0.5.23", max_running_requests=1000,
+                     chunked_prefill_size=chunked_prefill_size or -1, max_prefill_tokens=max_prefill_tokens)
+    for s in stems:
+        m.tree.insert(runs_of_list(s), len(s))
+    seqs = {}
+    for k, (rid, prompt, out, done) in enumerate(running + waiting):
+        s = seqs[rid] = SglangRequest(Request(rid, 0, prompt, out), k)
+        s.last_node, s.num_output = m.tree.root, done
+        if rid.startswith("run"):
+            s.num_computed = s.private = len(prompt) + done - 1
+            m.running.append(s)
+        else:
+            m.waiting.append(s)
+    m.private_tokens = private
+    m.new_token_ratio = new_token_ratio
+    assert m.available() == free
+    adds = m._prefill_round(0.0) or []
+    admitted = [(s.req.id, s.prefix_len, n) for s, n in adds]
+    return admitted, m.chunked.req.id if m.chunked is not None else None, m.batch_is_full and bool(adds or running), seqs
+
+
+def test_prefill_adder_agrees_with_sglangs_own_on_random_states():
+    # 300 random states (cached stems, running requests' reserved futures at several new-token
+    # ratios, waiting requests sharing prefixes, some resumed after a retraction, budgets that bind):
+    # SGLang's own PrefillAdder (in the scheduler's waiting-queue loop) and inferlab's 0.5.23 round
+    # admit the same requests with the same prefix and extend, chunk the same one, and agree on
+    # whether the batch is full.
+    import random
+
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+    outcomes = {"admitted": 0, "chunked": 0, "full": 0}
+    for seed in range(300):
+        rng = random.Random(seed)
+        stems, running, waiting, kw = _random_round(rng)
+        tree = RadixCache.create_simulated(mock_allocator=eng.CountingAllocator(0), page_size=1)
+        for s in stems:
+            tree.insert(InsertParams(key=RadixKey(token_ids=eng.array("q", s)), value=torch.zeros(len(s), dtype=torch.int64)))
+        ours = _inferlab_round(stems, running, waiting, **kw)
+        seqs = ours[3]
+
+        def out_ids(rid, done):
+            return [t for a, n in seqs[rid].runs for t in range(a, a + n)][len(seqs[rid].req.prompt):][:done]
+
+        theirs = eng.sglang_prefill_round(
+            tree, kw["free"], [eng.sglang_req(r, p, o, out_ids(r, d)) for r, p, o, d in running],
+            [eng.sglang_req(r, p, o, out_ids(r, d)) for r, p, o, d in waiting],
+            new_token_ratio=kw["new_token_ratio"], max_prefill_tokens=kw["max_prefill_tokens"],
+            chunked_prefill_size=kw["chunked_prefill_size"])
+        assert ours[:3] == theirs, f"seed {seed}: inferlab {ours[:3]} vs SGLang {theirs}"
+        outcomes["admitted"] += len(theirs[0])
+        outcomes["chunked"] += theirs[1] is not None
+        outcomes["full"] += theirs[2]
+    assert min(outcomes.values()) > 20  # the states exercise admission, chunking and NO_TOKEN
