@@ -175,7 +175,7 @@ def test_prefill_adder_agrees_with_sglangs_own_on_random_states():
         ours = _inferlab_round(stems, running, waiting, **kw)
         seqs = ours[3]
 
-        def out_ids(rid, done):
+        def out_ids(rid, done, seqs=seqs):
             return [t for a, n in seqs[rid].runs for t in range(a, a + n)][len(seqs[rid].req.prompt):][:done]
 
         theirs = eng.sglang_prefill_round(
