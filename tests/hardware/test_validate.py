@@ -113,8 +113,8 @@ def _can_realtime() -> bool:
 @pytest.mark.engine
 def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     """Acceptance (issue 16 s.1, issue 18 class 5): `inferlab calibrate --engine llama.cpp` (short:
-    the four types of the files below, tg32/pp64) fits this machine's own rates on toy-125m and
-    toy-thin; then llama.cpp runs models that were not in the fit, a toy of another shape
+    the four types of the files below, tg32/pp64) fits this machine's own rates on toy-thin and
+    toy-wide; then llama.cpp runs models that were not in the fit, a toy of another shape
     (toy-200m, d 1024) as Q4_K_M and Q8_0 and the real SmolLM2-135M Q4_1 file (thin and deep, a
     tied Q8_0 head), on every core, and every steady figure (decode and prefill) is within 15 %
     of the prediction made with the calibrated profile, whose id the rows name. Nothing depends on

@@ -131,8 +131,8 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
 
 @click.command("validate")
 @click.option("--engine", type=click.Choice(["llama.cpp"]), default="llama.cpp", show_default=True, help="The engine to check against.")
-@click.option("--models", default="toy-smol,toy-200m,toy-290m", show_default=True,
-              help="Toy models to write (random weights): comma-separated (calibrate fits on toy-125m and toy-thin).")
+@click.option("--models", default="toy-125m,toy-smol,toy-200m,toy-290m", show_default=True,
+              help="Toy models to write (random weights): comma-separated (calibrate fits on toy-thin and toy-wide).")
 @click.option("--presets", default="Q4_K_M,Q8_0", show_default=True, help="llama-quantize presets to make of each.")
 @click.option("--gguf", "gguf_paths", multiple=True, type=click.Path(exists=True, dir_okay=False), help="Also run this GGUF file.")
 @click.option("--threads", type=click.IntRange(1, 1024), help="Threads for llama.cpp (default: the physical cores).")

@@ -512,11 +512,15 @@ def fit_decode(runs: list[dict]) -> dict:
 
     ``runs``: dicts with threads, n_layer, bytes_by_type, s_per_token. Returns
     {threads: {"overhead_s_per_layer", "rate_bytes_per_s": {type: rate}, "max_rel_residual"}}."""
+    def weights(by_type: dict) -> dict:  # F32 is a quantized toy's norms (a few KB), but an F32 toy's weights
+        return {k: b for k, b in by_type.items() if k != "F32" or set(by_type) <= {"F32"}}
+
     out = {}
     for t in sorted({r["threads"] for r in runs}):
         sel = [r for r in runs if r["threads"] == t]
-        types = sorted({k for r in sel for k in r["bytes_by_type"]} - {"F32"} or {"F32"})
-        rows = [([r["n_layer"] / r["s_per_token"]] + [r["bytes_by_type"].get(k, 0) / r["s_per_token"] for k in types], 1.0) for r in sel]
+        types = sorted({k for r in sel for k in weights(r["bytes_by_type"])})
+        rows = [([r["n_layer"] / r["s_per_token"]] + [weights(r["bytes_by_type"]).get(k, 0) / r["s_per_token"] for k in types], 1.0)
+                for r in sel]
         x = _solve(rows)
         if x[0] < 0:  # no per-layer cost can be told apart: fit the rates alone
             x = [0.0] + _solve([(row[1:], b) for row, b in rows])

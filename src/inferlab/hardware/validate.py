@@ -69,18 +69,20 @@ TOY_MODELS: dict[str, ToyConfig] = {
     # SmolLM2-135M's shape (thin and deep, a large vocabulary): its rows of 576 take only the
     # 32-weight block types (Q4_0, Q4_1, Q8_0, F16); K-quants would fall back per tensor
     "toy-smol": ToyConfig("toy-smol", n_embd=576, n_layer=30, n_ff=1536, n_head=9, n_head_kv=3, n_vocab=49152),
-    # thin and deep with rows every K-quant takes (d 512, ffn 1536): `calibrate --engine llama.cpp`
-    # fits on it and toy-125m, so the per-layer cost is told apart from the bytes for every type
+    # `calibrate --engine llama.cpp` fits on these two: thin and deep (d 512, 24 layers) and wide
+    # and shallow (d 1024, 6 layers), rows every K-quant takes, so the per-layer cost is told apart
+    # from the bytes, and prefill's kernels are seen at both ends of the widths of small models
     "toy-thin": ToyConfig("toy-thin", n_embd=512, n_layer=24, n_ff=1536, n_head=8, n_head_kv=4),
+    "toy-wide": ToyConfig("toy-wide", n_embd=1024, n_layer=6, n_ff=4096, n_head=16, n_head_kv=4),
     # wide and ~9x the L3 cache of a desktop or server CPU as Q8_0 (280 MB a step): calibrate's
     # memory-bound decode runs, for the share of the read bandwidth llama.cpp's decode reaches
     "toy-stream": ToyConfig("toy-stream", n_embd=1024, n_layer=15, n_ff=4096, n_head=16, n_head_kv=4),
 }
 STREAM_MODEL, STREAM_TYPES = "toy-stream", ("Q8_0",)
 # `inferlab calibrate --engine llama.cpp` fits this machine's rates on these two shapes (and its
-# decode bandwidth share on toy-stream) only; toy-smol, toy-200m, toy-290m and the real
+# decode bandwidth share on toy-stream) only; toy-125m, toy-smol, toy-200m, toy-290m and the real
 # SmolLM2-135M file are held out for validation.
-FIT_MODELS = ("toy-125m", "toy-thin")
+FIT_MODELS = ("toy-thin", "toy-wide")
 
 # llama_ftype values (llama.h) of the presets validate can make; "pure" variants put every
 # tensor in one type (llama-quantize --pure), which the CPU rate measurements use.
