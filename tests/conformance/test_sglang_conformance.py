@@ -188,3 +188,44 @@ def test_prefill_adder_agrees_with_sglangs_own_on_random_states():
         outcomes["chunked"] += theirs[1] is not None
         outcomes["full"] += theirs[2]
     assert min(outcomes.values()) > 20  # the states exercise admission, chunking and NO_TOKEN
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
+def test_waiting_queue_order_agrees_with_sglangs_own_schedule_policy(policy):
+    # SGLang's SchedulePolicy.calc_priority sorts the waiting queue in place (lpm: longest match
+    # first with in-batch deprioritisation of a shared uncached 32+-token prefix; dfs-weight:
+    # heavier subtrees first); inferlab's calc_priority must give the same order on 200 random
+    # queues over a tree of cached stems (both trees built alike, the matches split them alike).
+    import random
+
+    import torch
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+    from inferlab.kv.sglang import RadixCache as OurTree
+    from inferlab.kv.sglang import SglangRequest, calc_priority
+    from inferlab.kv.tokens import runs_of_list
+    moved = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        stems = [ids(10_000 * (k + 1), rng.randint(20, 120)) for k in range(rng.randint(1, 3))]
+        theirs_tree = RadixCache.create_simulated(mock_allocator=eng.CountingAllocator(0), page_size=1)
+        ours_tree = OurTree(1)
+        for s in stems:
+            theirs_tree.insert(InsertParams(key=RadixKey(token_ids=eng.array("q", s)), value=torch.zeros(len(s), dtype=torch.int64)))
+            ours_tree.insert(runs_of_list(s), len(s))
+        shared = ids(700_000, rng.randint(20, 60))  # an uncached stem several waiting requests share
+        waiting = []
+        for k in range(rng.randint(2, 10)):
+            r = rng.random()
+            head = rng.choice(stems)[:rng.randint(1, 120)] if r < 0.5 else shared if r < 0.8 else []
+            waiting.append((f"w{k}", head + ids(900_000 + 1000 * k, rng.randint(1, 40))))
+        ours = [SglangRequest(Request(rid, 0, p, 4), k) for k, (rid, p) in enumerate(waiting)]
+        ours_order = [s.req.id for s in calc_priority(policy, ours, ours_tree)]
+        queue = [eng.sglang_req(rid, p, 4) for rid, p in waiting]
+        SchedulePolicy(policy, theirs_tree, enable_hierarchical_cache=False, enable_priority_scheduling=False,
+                       schedule_low_priority_values_first=False).calc_priority(queue)
+        assert ours_order == [r.rid for r in queue], f"seed {seed}"
+        moved += ours_order != [rid for rid, _ in waiting]
+    assert moved > 50  # the policy reorders most queues

@@ -59,8 +59,8 @@ def calc_priority(policy: str, waiting, tree: RadixCache):
     # dfs-weight: heavier subtrees first, a node's own requests after its children
     by_node: dict[Node, list] = {}
     weight: dict[Node, int] = {}
-    for s in waiting:
-        node = tree.match_prefix(s.runs, s.num_tokens)[1]
+    matched = [(s, tree.match_prefix(s.runs, s.num_tokens)[1]) for s in waiting]  # all matches (and splits) first
+    for s, node in matched:
         by_node.setdefault(node, []).append(s)
         while node is not None:
             weight[node] = weight.get(node, 0) + 1
