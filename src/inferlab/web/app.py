@@ -64,14 +64,7 @@ def _catalog(offer: Offer) -> dict[str, Any]:
     return {"models": models, "machines": machines, "default_machine": offer.default_machine,
             "quants": list(presets()), "kv_types": list(LLAMA_CPP_KV_TYPES), "engines": list(ENGINES),
             "workloads": list(WORKLOADS), "speed_models": ["calibrated", "bandwidth-only", "lesson"],
-            "scenarios": list(LESSON_SCENARIOS), "features": _features()}
-
-
-def _features() -> dict[str, bool]:
-    """Which optional service-layer questions this build answers (the page hides what is missing)."""
-    from .. import api
-
-    return {name: hasattr(api, name) for name in ("trace", "roofline", "capacity", "advise")}
+            "scenarios": list(LESSON_SCENARIOS)}
 
 
 class Answers:
@@ -84,26 +77,31 @@ class Answers:
     """
 
     def __init__(self, max_bytes: int = ANSWERS_MAX_BYTES):
+        import threading
         from collections import OrderedDict
 
         self.max_bytes = max_bytes
         self._memo: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._lock = threading.Lock()  # the thread pool's routes and the event loop's share the memo
         self.n_bytes = self.hits = self.misses = 0
 
     def get(self, question: str, body, compute) -> Response:
         key = (question, body.model_dump_json())
-        raw = self._memo.get(key)
-        if raw is None:
+        with self._lock:
+            raw = self._memo.get(key)
+            if raw is not None:
+                self.hits += 1
+                self._memo.move_to_end(key)
+                return Response(raw, media_type="application/json")
             self.misses += 1
-            raw = json.dumps(compute(), allow_nan=False, separators=(",", ":")).encode()
-            if getattr(body, "machine", None) != "local" and len(raw) <= self.max_bytes // 8:
-                self._memo[key] = raw
-                self.n_bytes += len(raw)
+        raw = json.dumps(compute(), allow_nan=False, separators=(",", ":")).encode()  # outside the lock: may take a while
+        if getattr(body, "machine", None) != "local" and len(raw) <= self.max_bytes // 8:
+            with self._lock:
+                if key not in self._memo:
+                    self._memo[key] = raw
+                    self.n_bytes += len(raw)
                 while self.n_bytes > self.max_bytes:
                     self.n_bytes -= len(self._memo.popitem(last=False)[1])
-        else:
-            self.hits += 1
-            self._memo.move_to_end(key)
         return Response(raw, media_type="application/json")
 
 
