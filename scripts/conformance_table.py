@@ -8,7 +8,8 @@ does): vLLM's Scheduler / KVCacheManager / BlockPool against PagedManager on the
 cases and 1,000 Mooncake requests, compared per request on cached tokens, recomputed tokens,
 preemptions, first-token and finish step and output tokens; SGLang's RadixCache against
 inferlab's tree on every call of the hand-made cases and of 1,000 Mooncake requests at page
-size 1 and 16. Agreement is the share of compared values that are equal.
+size 1 and 16; SGLang's PrefillAdder against RadixManager's 0.5.23 prefill round on 300 random
+scheduler states. Agreement is the share of compared values that are equal.
 """
 
 from __future__ import annotations
@@ -80,22 +81,57 @@ def sglang_row() -> dict:
             "trace_evicted_tokens": evicted, "values": calls, "agreeing_values": same, "unit": "tree calls"}
 
 
+def sglang_adder_row(states: int = 300) -> dict:
+    """SGLang's own PrefillAdder against RadixManager's 0.5.23 prefill round on random states
+    (the loop of test_prefill_adder_agrees_with_sglangs_own_on_random_states)."""
+    import random
+
+    import test_sglang_conformance as t
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+    eng = t.eng
+    same = 0
+    for seed in range(states):
+        rng = random.Random(seed)
+        stems, running, waiting, kw = t._random_round(rng)
+        tree = RadixCache.create_simulated(mock_allocator=eng.CountingAllocator(0), page_size=1)
+        for st in stems:
+            tree.insert(InsertParams(key=RadixKey(token_ids=eng.array("q", st)), value=torch.zeros(len(st), dtype=torch.int64)))
+        ours = t._inferlab_round(stems, running, waiting, **kw)
+        seqs = ours[3]
+
+        def out_ids(rid, done, seqs=seqs):
+            return [x for a, n in seqs[rid].runs for x in range(a, a + n)][len(seqs[rid].req.prompt):][:done]
+
+        theirs = eng.sglang_prefill_round(
+            tree, kw["free"], [eng.sglang_req(r, p, o, out_ids(r, d)) for r, p, o, d in running],
+            [eng.sglang_req(r, p, o, out_ids(r, d)) for r, p, o, d in waiting],
+            new_token_ratio=kw["new_token_ratio"], max_prefill_tokens=kw["max_prefill_tokens"],
+            chunked_prefill_size=kw["chunked_prefill_size"])
+        same += ours[:3] == theirs
+    return {"engine": "SGLang", "version": eng.VERSION, "compared": "PrefillAdder (one prefill round)",
+            "cases": states, "cases_agreeing": same, "trace_requests": 0, "values": states,
+            "agreeing_values": same, "unit": "random scheduler states"}
+
+
 def markdown(rows: list[dict]) -> str:
     out = ["| engine | version | compared | cases | trace requests | agreement |",
            "|---|---|---|---|---|---|"]
     for r in rows:
         pct = 100.0 * r["agreeing_values"] / r["values"] if r["values"] else 0.0
+        trace = f"{r['trace_requests']:,}" if r["trace_requests"] else "-"
         out.append(f"| {r['engine']} | {r['version']} | {r['compared']} | {r['cases_agreeing']}/{r['cases']} | "
-                   f"{r['trace_requests']:,} | {pct:.1f} % of {r['values']:,} {r['unit']} |")
+                   f"{trace} | {pct:.1f} % of {r['values']:,} {r['unit']} |")
     return "\n".join(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the rows to this file")
-    ap.add_argument("--engines", default="vllm,sglang")
+    ap.add_argument("--engines", default="vllm,sglang,sglang-adder")
     args = ap.parse_args()
-    fns = {"vllm": vllm_row, "sglang": sglang_row}
+    fns = {"vllm": vllm_row, "sglang": sglang_row, "sglang-adder": sglang_adder_row}
     rows = [fns[e]() for e in args.engines.split(",")]
     print(markdown(rows))  # noqa: T201  (a script: the table is its output)
     if args.json:
