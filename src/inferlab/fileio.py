@@ -10,12 +10,15 @@ included, the temporary is removed and an existing file is left as it was.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from .errors import InvalidValueError
+from .errors import FileFormatError, InvalidValueError
+
+MAX_LINE_BYTES = 16 << 20  # one line of a trace or table: a real one is a few KiB
 
 
 def check_output_path(path: str | os.PathLike, suffixes: Iterable[str], *, what: str = "output") -> Path:
@@ -62,3 +65,45 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[IO[bytes
             pass
         raise
     return p
+
+
+def open_regular(path: str | os.PathLike, *, what: str = "input") -> IO[bytes]:
+    """``path`` opened for reading in binary, only if it is a regular file: a FIFO would block
+    forever, a device (/dev/zero) never ends. Opened without blocking and checked on the open file
+    (no window between the check and the open)."""
+    p = Path(os.fspath(path)).expanduser()
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise InvalidValueError(f"{what} {os.fspath(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise InvalidValueError(f"{what} {os.fspath(path)!r} is a folder; give a file") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file"
+        raise InvalidValueError(f"{what} {os.fspath(path)!r} exists but is not a regular file ({kind})")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def text_lines(path: str | os.PathLike, *, what: str = "input", max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str]]:
+    """(line number from 1, text) of a regular UTF-8 text file; bytes that are not UTF-8 or a
+    line beyond ``max_line_bytes`` are a FileFormatError naming the file and line."""
+    with open_regular(path, what=what) as f:
+        n = 0
+        while True:
+            raw = f.readline(max_line_bytes + 1)
+            if not raw:
+                return
+            n += 1
+            if len(raw) > max_line_bytes:
+                raise FileFormatError(f"{os.fspath(path)}:{n}: a line longer than {max_line_bytes:,} bytes; "
+                                      f"is this {what} a text file?")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise FileFormatError(f"{os.fspath(path)}:{n}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+                                      f"column {exc.start + 1}); {what} must be UTF-8") from None
+            yield n, (text[1:] if n == 1 and text.startswith("\ufeff") else text)  # a byte-order mark is not data

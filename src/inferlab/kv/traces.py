@@ -57,19 +57,22 @@ def _mooncake_request(line_no: int, d: object, path: str, block_tokens: int) -> 
 def load_mooncake(path: str | Path, *, limit: int | None = None,
                   block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[Request]:
     """Requests of a Mooncake JSONL trace (ids = line index from 0), arrivals from ``timestamp``."""
+    from ..fileio import text_lines
+
     path = Path(path)
     out: list[Request] = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if limit is not None and len(out) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise FileFormatError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from None
-            out.append(_mooncake_request(line_no, d, str(path), block_tokens))
+    for line_no, line in text_lines(path, what="a trace"):
+        if limit is not None and len(out) >= limit:
+            break
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise FileFormatError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise FileFormatError(f"{path}:{line_no}: JSON nested too deeply") from None
+        out.append(_mooncake_request(line_no, d, str(path), block_tokens))
     if not out:
         raise FileFormatError(f"{path}: no requests")
     _check_sorted(out, str(path))
@@ -85,28 +88,33 @@ def _parse_azure_time(s: str) -> datetime:
 
 def load_azure(path: str | Path, *, limit: int | None = None) -> list[Request]:
     """Requests of an Azure LLM inference CSV; arrivals relative to the first timestamp."""
+    from ..fileio import text_lines
+
     path = Path(path)
     out: list[Request] = []
     next_id = _AZURE_ID_BASE
     t0 = None
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
-        if reader.fieldnames is None or not need <= set(reader.fieldnames):
-            raise FileFormatError(f"{path}: expected columns {sorted(need)}, found {reader.fieldnames}")
-        for row_no, row in enumerate(reader, 2):
-            if limit is not None and len(out) >= limit:
-                break
-            try:
-                t = _parse_azure_time(row["TIMESTAMP"])
-                n_in, n_out = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-            except (ValueError, TypeError) as exc:
-                raise FileFormatError(f"{path}:{row_no}: malformed row {row!r} ({exc})") from None
-            if n_in < 1 or n_out < 1:
-                raise FileFormatError(f"{path}:{row_no}: token counts must be >= 1, got {n_in}, {n_out}")
-            t0 = t if t0 is None else t0
-            out.append(Request(row_no - 2, (t - t0).total_seconds(), RunTokens([(next_id, n_in)]), n_out))
-            next_id += n_in
+    # rows from a regular UTF-8 file only (a FIFO or a device would never end)
+    reader = csv.DictReader(line for _, line in text_lines(path, what="a trace"))
+    need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+    if reader.fieldnames is None or not need <= set(reader.fieldnames):
+        raise FileFormatError(f"{path}: expected columns {sorted(need)}, found {reader.fieldnames}")
+    for row_no, row in enumerate(reader, 2):
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            t = _parse_azure_time(row["TIMESTAMP"])
+            n_in, n_out = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+        except (ValueError, TypeError) as exc:
+            raise FileFormatError(f"{path}:{row_no}: malformed row {row!r} ({exc})") from None
+        if n_in < 1 or n_out < 1:
+            raise FileFormatError(f"{path}:{row_no}: token counts must be >= 1, got {n_in}, {n_out}")
+        t0 = t if t0 is None else t0
+        if out and (t - t0).total_seconds() < out[-1].arrival_s:
+            raise FileFormatError(f"{path}:{row_no}: {row['TIMESTAMP'].strip()} is earlier than the row before it; "
+                                  "traces must be sorted by time")
+        out.append(Request(row_no - 2, (t - t0).total_seconds(), RunTokens([(next_id, n_in)]), n_out))
+        next_id += n_in
     if not out:
         raise FileFormatError(f"{path}: no requests")
     _check_sorted(out, str(path))
