@@ -18,11 +18,16 @@ def _median_err(table, backend, key):
 
 def test_fit_covers_the_dev_backends_with_physical_constants():
     k = fitted_constants()
-    assert set(k) == {r["backend"] for r in dev_rows()} == {"cuda", "metal", "vulkan"}
+    backends = {b for b in k if "/" not in b}
+    assert backends == {r["backend"] for r in dev_rows()} == {"cuda", "metal", "rocm", "vulkan"}
+    assert {b.split("/")[0] for b in k} == backends  # a generation's constants refine its backend's
     for b, v in k.items():
         assert 0.4 <= v["eta"] <= 0.9, b  # no kernel streams above 90 % of peak
         assert 0 <= v["layer_overhead_s"] < 1e-3, b
-        assert 0.05 < v["eps"] <= 1.0, b
+        # a kernel roof, where fitted, between 0.01 and 1 byte per integer op of the cores
+        assert v["kappa_bytes_per_op"] is None or 0.01 <= v["kappa_bytes_per_op"] <= 1.0, b
+        assert v["eps_float"] is None or 0.05 < v["eps_float"] <= 1.0, b
+        assert 0.5 < v["zeta_flop_per_op"] < 20, b  # quantized matmuls: FLOP per integer op of the cores
 
 
 def test_in_sample_regression_calibrated_beats_the_lesson_on_apple_and_is_close():

@@ -1,12 +1,24 @@
-"""The calibrated speed model: per-backend efficiencies fitted on published llama-bench results.
+"""The calibrated speed model: per-backend constants fitted on published llama-bench results.
 
-Fitted only on data/llama_bench_dev.json (a copy of shared/reference/llama_bench_dev.json:
-Llama 2 7B pp512/tg128 on Apple M1/M2 (Metal) and NVIDIA cards (CUDA, Vulkan), with sources).
-Per backend it fits η (the share of peak bandwidth decode reaches), a fixed cost per block per
-decode step (kernel launches and syncs, which dominate on fast GPUs) and ε (the share of peak
-FP16 throughput prompt processing reaches). The fit runs once, lazily, in a few milliseconds.
-Backends without rows (cpu, rocm, sycl) keep the bandwidth-only model's values, and the CPU is additionally
-bounded by its measured dequantize-and-dot throughput when perf.cpu_model provides one.
+Fitted only on data/llama_bench_dev.json (Llama 2 7B pp512/tg128: Apple M1-M5 (Metal), NVIDIA
+cards (CUDA, Vulkan), AMD cards (ROCm), with sources); data/llama_bench_validation.json holds rows of
+devices held out by a rule fixed before fitting, never fitted on (benchmarks/validate_calibrated.py).
+Per backend it fits, for decode,
+
+    t_step = max(bytes / (η·β), bytes / (κ·S)) + n_blocks · c
+
+η: the share of peak bandwidth the mat-vec kernels stream at; κ: bytes they can dequantize and dot
+per integer operation of the GPU's cores (S = the device's int32_tops: lanes x boost clock), a roof
+that binds on very fast memory (HBM at 1.5-2 TB/s on GPUs of modest clocks: the A100 streams a Q4_0
+7B at ~0.7 TB/s, not 0.9 x 2 TB/s); c: a fixed cost per block per step (kernel launches and syncs).
+For prefill, quantized weights run llama.cpp's own quantized matmul kernels (MMQ on CUDA/ROCm, the
+equivalent shaders elsewhere), whose rate follows the cores' clock x lanes rather than the tensor
+peak: rate = ζ·S. F16/BF16/F32 weights run dequantize + the vendor GEMM (cuBLAS, rocBLAS, Metal's
+simdgroup matmul): rate = ε·P_fp16 where the backend's dev rows have F16 prefill, else ζ·S. Apple
+GPUs have no tensor units: their catalog FP16 is the FP32 rate, so both forms are one scale there.
+A backend without rows (cpu, sycl) keeps the bandwidth-only model's values; the CPU is additionally
+bounded by its measured dequantize-and-dot throughput when perf.cpu_model provides one. The fit runs
+once, lazily, in well under a second.
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ import math
 import re
 import statistics
 from dataclasses import replace
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 from ..errors import InvalidValueError, UnknownNameError, check_positive
@@ -28,41 +40,112 @@ from .speed import BANDWIDTH_ONLY, SpeedModel, decode_step_time, prefill_time
 BACKEND_OF_ROW = {"Metal": "metal", "CUDA": "cuda", "Vulkan": "vulkan", "ROCm": "rocm", "CPU": "cpu"}
 
 
+def _normalise(r: dict) -> dict:
+    tg = r.get("tg128") or r.get("tg64") or r.get("tg_avg")
+    pp = r.get("pp512") or r.get("pp_avg")
+    return {"device": r["device"], "device_id": r.get("device_id"), "backend": BACKEND_OF_ROW[r["backend"]], "quant": r["quant"],
+            "pp": pp, "tg": tg, "bandwidth_gbs": r.get("bandwidth_gbs"), "n_gen": 64 if r.get("tg64") else 128,
+            "build": r.get("build"), "fa": r.get("fa"), "source": r.get("source", ""), "fit": r.get("fit", True)}
+
+
+def _rows(name: str) -> list[dict]:
+    data = json.loads(resources.files("inferlab.data").joinpath(name).read_text())
+    return [_normalise(r) for r in data["rows"] if not r.get("skip")]
+
+
 @cache
 def dev_rows() -> list[dict]:
-    """The dev file's rows, normalised: device, backend, quant, pp, tg, bandwidth_gbs."""
-    data = json.loads(resources.files("inferlab.data").joinpath("llama_bench_dev.json").read_text())
-    out = []
-    for r in data["rows"]:
-        tg = r.get("tg128") or r.get("tg64") or r.get("tg_avg")
-        pp = r.get("pp512") or r.get("pp_avg")
-        out.append({"device": r["device"], "backend": BACKEND_OF_ROW[r["backend"]], "quant": r["quant"], "pp": pp, "tg": tg,
-                    "bandwidth_gbs": r.get("bandwidth_gbs"), "n_gen": 64 if r.get("tg64") else 128, "source": r.get("source", "")})
-    return out
+    """The dev file's rows, normalised: device, device_id, backend, quant, pp, tg, bandwidth_gbs, build."""
+    return _rows("llama_bench_dev.json")
+
+
+@cache
+def validation_rows() -> list[dict]:
+    """The held-out rows (data/llama_bench_validation.json): never fitted on."""
+    return _rows("llama_bench_validation.json")
+
+
+_NAME_KEYS = {"RTX 4090": "rtx4090", "RTX 3090": "rtx3090", "RTX 3060": "rtx3060", "A100 80GB": "a100-80gb", "RTX 5090": "rtx5090",
+              "RTX 4080": "rtx4080", "RTX 4070": "rtx4070"}
 
 
 def row_machine(row: dict) -> Machine:
-    """A machine for a dev row: the catalog device of that chip, with the row's bandwidth and,
-    for Apple GPUs with another core count than the catalog's, FP16 scaled by cores."""
+    """A machine for a published row: the catalog device (by the row's device_id, or its chip name
+    for the older rows), with the row's bandwidth and, for Apple GPUs with another core count than
+    the catalog's, FP16/FP32 scaled by cores."""
     from ..hardware.catalog import DEVICES, apple_host, load_hosts
 
     name = row["device"]
     m = re.match(r"Apple (M\d(?: Pro| Max| Ultra)?) \((\d+)-core GPU", name)
     if m:
         chip, cores = m.group(1), int(m.group(2))
-        base = next(d for d in DEVICES.values() if d.name.startswith(f"Apple {chip} ("))
+        base = DEVICES[row["device_id"]] if row.get("device_id") else next(d for d in DEVICES.values() if d.name.startswith(f"Apple {chip} ("))
         base_cores = int(re.search(r"\((\d+)-core", base.name).group(1))
-        gpu = replace(base, name=name, fp16_tflops=base.fp16_tflops * cores / base_cores,
+        f = cores / base_cores
+        gpu = replace(base, name=name, fp16_tflops=base.fp16_tflops * f, fp32_tflops=(base.fp32_tflops or base.fp16_tflops) * f,
                       bandwidth_gbs=row["bandwidth_gbs"] or base.bandwidth_gbs, memory_gb=max(base.memory_gb, 16))
         return Machine(name, gpu, apple_host(gpu), 0.0, unified=True)
-    key = {"RTX 4090": "rtx4090", "RTX 3090": "rtx3090", "RTX 3060": "rtx3060", "A100 80GB": "a100-80gb", "RTX 5090": "rtx5090",
-           "RTX 4080": "rtx4080", "RTX 4070": "rtx4070"}
-    dev_id = next((v for k, v in key.items() if k in name), None)
+    dev_id = row.get("device_id") or next((v for k, v in _NAME_KEYS.items() if k in name), None)
     if dev_id is None:
         raise KeyError(name)
     gpu = DEVICES[dev_id]
     gpu = replace(gpu, backend=row["backend"], bandwidth_gbs=row["bandwidth_gbs"] or gpu.bandwidth_gbs)
     return Machine(name, gpu, load_hosts()["ddr5-dual"], 31.5)
+
+
+@cache
+def _int32_by_name() -> dict:
+    from ..hardware.catalog import _data
+
+    return {e["name"]: e["int32_tops"] for e in _data()["devices"] if e.get("int32_tops")}
+
+
+def shader_ops_per_s(dev) -> float:
+    """S: integer operations per second of the device's cores (lanes x boost clock), the rate that
+    bounds llama.cpp's dequantizing kernels. devices.json's int32_tops where given (NVIDIA, AMD),
+    else half the FP32 FLOP/s (every FP32 lane an integer lane, one op a clock: Apple, Intel), else
+    half the FP16 figure."""
+    t = _int32_by_name().get(dev.name)
+    if t is not None:
+        return t * 1e12
+    return (dev.fp32_tflops or dev.fp16_tflops) * 1e12 / 2
+
+
+@cache
+def _generation_by_name() -> dict:
+    from ..hardware.catalog import _data
+
+    return {e["name"]: e["generation"] for e in _data()["devices"] if e.get("generation")}
+
+
+def device_class(dev) -> str | None:
+    """backend/generation of a GPU ("cuda/turing", "metal/m5"): devices.json's generation, or the
+    Apple chip generation read from the name (core-count variants share it); None if unknown."""
+    g = _generation_by_name().get(dev.name)
+    if g is None and (m := re.match(r"Apple (M\d)", dev.name)):
+        g = m.group(1).lower()
+    return f"{dev.backend}/{g}" if g else None
+
+
+FLOAT_TYPES = ("F16", "BF16", "F32")
+
+
+@lru_cache(maxsize=1024)
+def _float_share(model, scheme) -> float:
+    """Share of the matmul weight bytes held in float types (F16/BF16/F32): those run dequantize +
+    GEMM in prefill, the rest llama.cpp's quantized kernels. token_embd is a lookup, left out."""
+    from ..quant.plan import tensor_plan
+
+    plan = tensor_plan(model, scheme)
+    tied = not any(t.name == "output.weight" for t in plan)
+    tot = flt = 0.0
+    for t in plan:
+        if len(t.shape) < 2 or (t.name == "token_embd.weight" and not tied):
+            continue
+        tot += t.n_bytes
+        if t.ggml_type in FLOAT_TYPES:
+            flt += t.n_bytes
+    return flt / tot if tot else 0.0
 
 
 def llama_bench(model: ModelSpec, quant, machine: Machine, n_prompt: int = 512, n_gen: int = 128, speed: SpeedModel | None = None) -> dict:
@@ -81,40 +164,107 @@ def llama_bench(model: ModelSpec, quant, machine: Machine, n_prompt: int = 512, 
     return {"pp": pp, "tg": tg, "placement": p}
 
 
-def _fit_backend(rows: list[dict], backend: str) -> dict:
+MIN_FLOAT_ROWS = 3  # fewer F16 prefill rows than this on a backend: no separate ε for float weights
+KAPPA_GRID = (None,) + tuple(round(0.01 * 1.08 ** i, 5) for i in range(90))  # bytes per integer op; None: no roof
+
+
+def _probes(rows: list[dict]) -> list[tuple]:
     from ..models.catalog import MODELS
 
     model = MODELS["llama-2-7b"]
-    sel = [r for r in rows if r["backend"] == backend]
-    if not sel:
-        return {}
-    probes = []
-    for r in sel:
+    out = []
+    for r in rows:
         mc = row_machine(r)
         p = place(model, mc, "preset:" + r["quant"], n_ctx=640)
         d = decode_step_time(p, mc, r["n_gen"] // 2, 1, SpeedModel("probe", decode_bw_eff=1.0))
         g = d["per_device"][1]
         f = prefill_time(p, mc, 512, SpeedModel("probe", prefill_compute_eff=1.0, attention_flops=True))
-        probes.append((r, g["bytes"] / (mc.gpu.bandwidth_bytes_per_s), p.gpus[0].n_blocks, f["total_s"]))
-    # decode: t = t_bw / η + c · blocks, least absolute log error over a grid of η (c: median residual)
+        flops = f["total_s"] * mc.gpu.fp16_flops  # the prompt's FLOPs (weights, attention; the head once)
+        out.append((r, g["bytes"] / mc.gpu.bandwidth_bytes_per_s, g["bytes"], p.gpus[0].n_blocks, flops,
+                    shader_ops_per_s(mc.gpu), mc.gpu.fp16_flops, _float_share(model, p.scheme)))
+    return out
+
+
+def row_class(row: dict) -> str | None:
+    return device_class(row_machine(row).gpu)
+
+
+def _fit_backend(rows: list[dict], backend: str) -> dict:
+    """The constants of one backend ("cuda") or one class of its devices ("cuda/turing"), fitted on
+    the rows of it that are marked for fitting."""
+    sel = [r for r in rows if r.get("fit", True) and (r["backend"] == backend or ("/" in backend and row_class(r) == backend))]
+    if not sel:
+        return {}
+    probes = [x for x in _probes(sel)]
+    dec = [x for x in probes if x[0]["tg"]]
+    # decode: t = max(t_bw / η, B / (κ·S)) + c · blocks; least absolute log error over a grid of (η, κ),
+    # c the median of the residuals (robust: several submissions per card disagree by 10-20 %)
     best = None
-    for i in range(40, 91):  # η at most 0.9: no kernel streams at the full peak
-        eta = i / 100
-        cs = [max(0.0, (1 / r["tg"] - tb / eta) / nb) for r, tb, nb, _ in probes if r["tg"]]
-        c = statistics.median(cs) if cs else 0.0
-        err = sum(abs(math.log((tb / eta + c * nb) * r["tg"])) for r, tb, nb, _ in probes if r["tg"])  # robust: L1 in log space
-        if best is None or err < best[0]:
-            best = (err, eta, c)
-    # prefill: t = t_peak / ε, the median of the rows' ratios (robust to old builds' outliers)
-    eps_each = [tp * r["pp"] / 512 for r, _, _, tp in probes if r["pp"]]
-    eps = statistics.median(eps_each) if eps_each else BANDWIDTH_ONLY.prefill_compute_eff
-    return {"eta": best[1], "layer_overhead_s": best[2], "eps": min(eps, 1.0), "n_rows": len(sel)}
+    for kappa in KAPPA_GRID:
+        for i in range(40, 91):  # η at most 0.9: no kernel streams at the full peak
+            eta = i / 100
+            base = [max(tb / eta, by / (kappa * sh) if kappa else 0.0) for _, tb, by, _, _, sh, _, _ in dec]
+            cs = [max(0.0, (1 / x[0]["tg"] - b) / x[3]) for x, b in zip(dec, base)]
+            c = statistics.median(cs) if cs else 0.0
+            err = sum(abs(math.log((b + c * x[3]) * x[0]["tg"])) for x, b in zip(dec, base))
+            if best is None or err < best[0] - 1e-12:
+                best = (err, eta, kappa, c)
+    # prefill: quantized weights at ζ·S, float weights at ε·P (where the backend has float rows)
+    pre = [x for x in probes if x[0]["pp"]]
+    quant = [x[4] * x[0]["pp"] / 512 / x[5] for x in pre if x[7] < 0.5]  # ζ: FLOP per integer op
+    flt = [x[4] * x[0]["pp"] / 512 / x[6] for x in pre if x[7] >= 0.5]  # ε: share of the FP16 peak
+    zeta = statistics.median(quant) if quant else None
+    eps = min(statistics.median(flt), 1.0) if len(flt) >= MIN_FLOAT_ROWS else None  # else float weights take ζ·S too
+    share = [x[4] * x[0]["pp"] / 512 / x[6] for x in pre]  # what prefill reached of the FP16 peak, row by row (descriptive)
+    return {"eta": best[1], "kappa_bytes_per_op": best[2], "layer_overhead_s": best[3], "zeta_flop_per_op": zeta,
+            "eps_float": eps, "eps": statistics.median(share) if share else None, "n_rows": len(sel), "n_decode": len(dec), "n_prefill_quant": len(quant), "n_prefill_float": len(flt)}
+
+
+MIN_CLASS_DEVICES = 2  # a generation gets its own constants when the dev rows hold at least this many of its devices
+
+
+def fit_all(rows: list[dict]) -> dict:
+    """Per backend, then per backend/generation with enough devices (else the backend's constants apply)."""
+    out = {b: _fit_backend(rows, b) for b in sorted({r["backend"] for r in rows})}
+    devices: dict[str, set] = {}
+    for r in rows:
+        if r.get("fit", True) and (c := row_class(r)):
+            devices.setdefault(c, set()).add(re.sub(r", \d+GB\)", ")", r["device"]))
+    for c in sorted(devices):
+        if len(devices[c]) >= MIN_CLASS_DEVICES:
+            out[c] = _fit_backend(rows, c)
+    return out
 
 
 @cache
 def fitted_constants() -> dict:
-    rows = dev_rows()
-    return {b: _fit_backend(rows, b) for b in sorted({r["backend"] for r in rows})}
+    return fit_all(dev_rows())
+
+
+def _constants_for(k: dict, dev) -> dict:
+    c = device_class(dev)
+    return k.get(c) if c in k else k.get(dev.backend)
+
+
+def _gpu_decode_rate(k: dict):
+    def rate(dev, placement):
+        v = _constants_for(k, dev)
+        if not v or not v.get("kappa_bytes_per_op"):
+            return None
+        return v["kappa_bytes_per_op"] * shader_ops_per_s(dev)  # bytes the cores dequantize and dot per second
+    return rate
+
+
+def _gpu_prefill_rate(k: dict):
+    def rate(dev, placement):
+        v = _constants_for(k, dev)
+        if not v or v.get("zeta_flop_per_op") is None:
+            return None
+        q = v["zeta_flop_per_op"] * shader_ops_per_s(dev)  # quantized kernels (MMQ): the cores' clock x lanes
+        f = v["eps_float"] * dev.fp16_flops if v.get("eps_float") else q  # float weights: dequantize + vendor GEMM
+        share = _float_share(placement.model, placement.scheme) if placement.scheme is not None else 0.0
+        return 1.0 / (share / f + (1 - share) / q)  # FLOPs split by the weights' bytes (same FLOPs per byte-share)
+    return rate
 
 
 def _cpu_rate():
@@ -139,16 +289,19 @@ def _cpu_prefill_rate():
 @cache
 def CALIBRATED() -> SpeedModel:  # noqa: N802 (a constant built lazily)
     """The calibrated SpeedModel (llama.cpp's real behaviour: attention FLOPs counted, CPU
-    weights cross PCIe once per micro-batch)."""
+    weights cross PCIe once per micro-batch, the GPUs' kernel roofs fitted per backend)."""
     k = fitted_constants()
     return SpeedModel(
         "calibrated",
         decode_bw_eff_by_backend={b: v["eta"] for b, v in k.items() if v},
-        prefill_compute_eff_by_backend={b: v["eps"] for b, v in k.items() if v},
+        prefill_compute_eff_by_backend={b: v["eps_float"] for b, v in k.items() if v and v.get("eps_float")},
         layer_overhead_s={b: v["layer_overhead_s"] for b, v in k.items() if v},
         cpu_decode_rate=_cpu_rate(),
         cpu_layer_overhead=_cpu_overhead(),
         cpu_prefill_rate=_cpu_prefill_rate(),
+        gpu_decode_rate=_gpu_decode_rate(k),
+        gpu_prefill_rate=_gpu_prefill_rate(k),
+        device_class=device_class,
         prefill_head_every_token=False,
         op_offload_transfers_per_ubatch=True,
         attention_flops=True,
@@ -170,16 +323,17 @@ def speed_model(speed: str | SpeedModel) -> SpeedModel:
     raise UnknownNameError("speed model", speed, SPEED_MODELS)
 
 
-def validation_table(speed: SpeedModel | None = None) -> list[dict]:
-    """Predicted vs published for every dev row (the numbers the validation script prints)."""
+def validation_table(speed: SpeedModel | None = None, rows: list[dict] | None = None) -> list[dict]:
+    """Predicted vs published for every row (default: the dev rows; pass validation_rows() for the
+    held-out ones): the numbers the validation script prints."""
     from ..models.catalog import MODELS
 
     speed = speed or CALIBRATED()
     out = []
-    for r in dev_rows():
+    for r in (dev_rows() if rows is None else rows):
         mc = row_machine(r)
         pred = llama_bench(MODELS["llama-2-7b"], "preset:" + r["quant"], mc, 512, r["n_gen"], speed)
-        out.append({"device": r["device"], "backend": r["backend"], "quant": r["quant"],
+        out.append({"device": r["device"], "backend": r["backend"], "quant": r["quant"], "build": r.get("build"),
                     "pp": r["pp"], "pp_pred": pred["pp"], "pp_err": (pred["pp"] / r["pp"] - 1) if r["pp"] else None,
                     "tg": r["tg"], "tg_pred": pred["tg"], "tg_err": (pred["tg"] / r["tg"] - 1) if r["tg"] else None})
     return out

@@ -36,17 +36,28 @@ class SpeedModel:
     cpu_decode_rate: object = None  # callable(device, ggml bytes) -> bytes/s limit of dequantize+dot on CPU cores, or None
     cpu_layer_overhead: object = None  # callable(device) -> seconds per block per step on that CPU (else layer_overhead_s["cpu"])
     cpu_prefill_rate: object = None  # callable(device, placement) -> FLOP/s of that CPU's prompt matmuls (else ε·P)
+    gpu_decode_rate: object = None  # callable(device, placement) -> bytes/s a GPU's mat-vec kernels can issue (a roof below η·β), or None
+    gpu_prefill_rate: object = None  # callable(device, placement) -> FLOP/s of a GPU's prompt matmuls (else ε·P), or None
+    device_class: object = None  # callable(device) -> a finer key than the backend ("cuda/turing") for the dicts above, or None
     prefill_head_every_token: bool = True  # lesson: the output head runs for every prompt token; llama.cpp: the last only
     op_offload_transfers_per_ubatch: bool = False  # lesson: CPU weights cross PCIe once per prompt
     n_ubatch: int = 512
     attention_flops: bool = True  # count QK^T and AV FLOPs in prefill
     pcie_eff: float = 0.7  # fraction of the PCIe link's bandwidth weight copies reach
 
+    def key(self, dev: Device, table: dict) -> str:
+        """The key of `table` that describes dev: its class (backend/generation) when the table has it, else its backend."""
+        if self.device_class is not None:
+            k = self.device_class(dev)
+            if k in table:
+                return k
+        return dev.backend
+
     def eta(self, dev: Device) -> float:
-        return self.decode_bw_eff_by_backend.get(dev.backend, self.decode_bw_eff)
+        return self.decode_bw_eff_by_backend.get(self.key(dev, self.decode_bw_eff_by_backend), self.decode_bw_eff)
 
     def eps(self, dev: Device) -> float:
-        return self.prefill_compute_eff_by_backend.get(dev.backend, self.prefill_compute_eff)
+        return self.prefill_compute_eff_by_backend.get(self.key(dev, self.prefill_compute_eff_by_backend), self.prefill_compute_eff)
 
 
 # Fixed efficiencies on the vendor peaks (the seed lesson's constants): η = 0.7 for every memory and
@@ -75,7 +86,7 @@ def expert_read_fraction(n_experts: int, n_used: int, batch: int) -> float:
 def _layer_overhead_s(model: SpeedModel, hw: Device) -> float:
     if hw.is_cpu and model.cpu_layer_overhead is not None:
         return model.cpu_layer_overhead(hw)  # the measured CPU's own graph and barrier cost per block
-    return model.layer_overhead_s.get(hw.backend, 0.0)
+    return model.layer_overhead_s.get(model.key(hw, model.layer_overhead_s), 0.0)
 
 
 def decode_step_time(placement: Placement, machine: Machine, context: int, batch: int = 1, model: SpeedModel = BANDWIDTH_ONLY) -> dict:
@@ -110,6 +121,11 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
                 rate = cpu_rate(hw, placement)  # dequantize-and-dot throughput of the cores
                 kernel_bound = rate < bw
                 bw = min(bw, rate)
+            elif model.gpu_decode_rate is not None and weights and not hw.is_cpu:
+                rate = model.gpu_decode_rate(hw, placement)  # bytes/s the GPU's cores dequantize and dot (None: no such roof)
+                if rate is not None:
+                    kernel_bound = rate < bw
+                    bw = min(bw, rate)
             mem_s = bytes_ / bw
             flops = batch * (d.flops_per_token + d.attn_flops_per_token_ctx * context)
             comp_s = flops / (hw.fp16_flops * model.decode_compute_eff)
@@ -117,7 +133,7 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
             t = max(mem_s, comp_s) + over if (bytes_ or flops) else 0.0
             p = {"device": d.name, "kind": d.kind, "s": t, "bytes": bytes_, "weights_bytes": weights, "kv_bytes": kv,
                  "memory_s": mem_s, "compute_s": comp_s, "overhead_s": over,
-                 "bound": "compute" if comp_s > mem_s else ("cpu-kernels" if kernel_bound else "memory")}
+                 "bound": "compute" if comp_s > mem_s else ("cpu-kernels" if kernel_bound and hw.is_cpu else "memory")}
         per.append(p)
         total += p["s"]
         if slow is None or p["s"] > slow["s"]:
@@ -187,8 +203,11 @@ def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: S
             runs_on = gpu_hw  # op offload: the CPU layers' matmuls run on the GPU
             moved = d.dense_read_bytes + d.expert_bytes
             transfer = moved * (n_ub if model.op_offload_transfers_per_ubatch else 1) / (machine.pcie_gbs * 1e9 * model.pcie_eff)
+        gpu_rate = model.gpu_prefill_rate(runs_on, placement) if (model.gpu_prefill_rate is not None and not runs_on.is_cpu) else None
         if runs_on.is_cpu and model.cpu_prefill_rate is not None:
             comp = flops / model.cpu_prefill_rate(runs_on, placement)  # the CPU's measured rate for these weight types
+        elif gpu_rate is not None:
+            comp = flops / gpu_rate  # the GPU's rate for these weight types' matmul kernels (MMQ or dequantize + GEMM)
         else:
             comp = flops / (runs_on.fp16_flops * model.eps(runs_on))
         over = _layer_overhead_s(model, runs_on) * d.n_blocks * n_ub
