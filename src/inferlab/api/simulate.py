@@ -8,6 +8,7 @@ model on a machine; then each engine's pool and its step times come from one pla
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from ..kv.simulator import Request, Run
 from .report import Report
 
 
+MAX_OPTION = 1 << 53  # an engine option beyond this (tokens, MiB, sequences) is a typo, and overflows once scaled
 MAX_POOL_TOKENS = 1 << 31  # the simulators keep per-block state; a pool this large is a typo, not a machine
 
 
@@ -98,6 +100,12 @@ def simulate(requests: Iterable[Request], *, engines: str | Iterable[str] = ("ll
         raise InvalidValueError("timed runs need a model and a machine")
     timed = bool(model is not None) if timed is None else timed
     opts = {e: dict((engine_options or {}).get(e, {})) for e in names}
+    for e, o in opts.items():  # numbers a manager would turn into ints or loop on: finite, and not bools
+        for k, v in o.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                raise InvalidValueError(f"{e} option {k} must be a finite number, got {v!r}")
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) > MAX_OPTION:
+                raise InvalidValueError(f"{e} option {k} = {v:.6g} is beyond any engine's setting (at most 2^53)")
     unknown = set(engine_options or {}) - set(names)
     if unknown:
         raise InvalidValueError(f"options given for engines not simulated: {sorted(unknown)}")

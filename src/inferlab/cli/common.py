@@ -33,6 +33,18 @@ def safe(text: object) -> str:
     return escape(str(text).translate(_CONTROL))
 
 
+def warn_ignored(ctx: click.Context, ignored: dict[str, str]) -> None:
+    """One warning line on stderr for each option the user gave that does nothing in this
+    configuration; ``ignored`` maps a parameter name to why it does nothing."""
+    from click.core import ParameterSource
+
+    for name, why in ignored.items():
+        if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            opt = next((p for p in ctx.command.params if p.name == name), None)
+            flag = max(opt.opts, key=len) if opt is not None and opt.opts else name
+            click.echo(f"inferlab: warning: {flag} does nothing here: {why}", err=True)
+
+
 def echo_json(obj) -> None:
     """Strict JSON on stdout: a report's to_dict(), or plain values (non-finite floats become null)."""
     from ..api.report import Report, plain

@@ -111,6 +111,28 @@ def plot_timeline(runs, path) -> None:
         plt.close(fig)
 
 
+ENGINE_OPTIONS = {"llamacpp": ("n_parallel", "kv_unified", "cache_ram_mib", "llamacpp_version"),
+                  "vllm": ("block_size", "max_num_batched_tokens", "max_num_seqs", "vllm_version"),
+                  "sglang": ("page_size", "schedule_policy", "chunked_prefill_size", "sglang_version")}
+
+
+def _warn_ignored(ctx, names, arrivals, model, timed) -> None:
+    """A warning line for each option given that this run does not use (issue 15 class 8)."""
+    from .common import warn_ignored
+
+    ignored = {}
+    if arrivals != "poisson":
+        ignored |= {"rate": "it is the rate of --arrivals poisson", "seed": "it seeds --arrivals poisson"}
+    if model is None:
+        ignored |= {"quant": "it prices the weights of --model", "speed": "it prices steps for --model/--on"}
+    elif timed is False:
+        ignored["speed_name"] = "--untimed runs count steps, not seconds"
+    for engine, params in ENGINE_OPTIONS.items():
+        if engine not in names:
+            ignored |= {p: f"it is {engine}'s, and --engine is {','.join(names)}" for p in params}
+    warn_ignored(ctx, {("speed_name" if k == "speed" else k): v for k, v in ignored.items()})
+
+
 @click.command("simulate")
 @click.option("--workload", type=click.Choice(["seed-chat", "shared-prefix", "multi-turn"]),
               help="A built-in workload.")
@@ -144,7 +166,8 @@ def plot_timeline(runs, path) -> None:
 @click.option("--sglang-version", type=click.Choice(["0.5.23", "0.5.2"]))
 @click.option("--json", "as_json", is_flag=True, help="Summaries (and configs) as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a timeline plot here (.png or .svg).")
-def simulate(workload, trace, limit, arrivals, rate, seed, engines, capacity_tokens, model, machine, quant, speed_name, timed,
+@click.pass_context
+def simulate(ctx, workload, trace, limit, arrivals, rate, seed, engines, capacity_tokens, model, machine, quant, speed_name, timed,
              n_parallel, kv_unified, cache_ram_mib, llamacpp_version, block_size, max_num_batched_tokens,
              max_num_seqs, vllm_version, page_size, schedule_policy, chunked_prefill_size, sglang_version,
              as_json, plot):
@@ -172,6 +195,7 @@ def simulate(workload, trace, limit, arrivals, rate, seed, engines, capacity_tok
     for e in names:
         if e not in ENGINE_NAMES:
             raise UnknownNameError("engine", e, ENGINE_NAMES)
+    _warn_ignored(ctx, names, arrivals, model, timed)
     t0: dict[str, float] = {}
 
     def show_progress(name: str, done: int, total: int, now: float) -> None:

@@ -147,8 +147,8 @@ def retime(requests: Sequence[Request], mode: str = "trace", *, rate: float | No
         return list(requests)
     if mode == "at-once":
         return [Request(r.id, 0.0, r.prompt, r.max_new_tokens, r.output) for r in requests]
-    if rate is None or isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
-        raise InvalidValueError(f"a Poisson arrival process needs rate > 0 (requests/s), got {rate!r}")
+    if rate is None or isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
+        raise InvalidValueError(f"a Poisson arrival process needs a finite rate > 0 (requests/s), got {rate!r}")
     rng = random.Random(seed)
     t, out = 0.0, []
     for r in requests:
