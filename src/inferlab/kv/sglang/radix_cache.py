@@ -81,8 +81,9 @@ class RadixCache:
         upper.children[self._child_key(child.key)] = child
         return upper
 
-    def _walk(self, runs, length: int) -> tuple[int, Node, tuple]:
-        """Descend along ``runs[:length]`` (page-aligned), splitting on a partial match."""
+    def _walk(self, runs, length: int, rest: bool = True) -> tuple[int, Node, tuple]:
+        """Descend along ``runs[:length]`` (page-aligned), splitting on a partial match; with
+        ``rest``, also the unmatched remainder (an insert's new leaf)."""
         p = self.page_size
         length -= length % p
         node, matched = self.root, 0
@@ -111,13 +112,12 @@ class RadixCache:
             matched += n
             node = child
             bi, boff = nbi, nboff
-        rest = ()
-        if matched < length:
-            rest = slice_runs(runs, matched, length)
-        return matched, node, rest
+        if rest and matched < length:
+            return matched, node, slice_runs(runs, matched, length)
+        return matched, node, ()
 
     def match_prefix(self, runs, max_len: int) -> tuple[int, Node]:
-        matched, node, _ = self._walk(runs, max_len)
+        matched, node, _ = self._walk(runs, max_len, False)
         return matched, node
 
     def insert(self, runs, length: int) -> tuple[int, Node]:
