@@ -57,9 +57,11 @@ class MissingDependencyError(InferlabError, ImportError):
 
 
 def check_positive(name: str, value: object, *, allow_zero: bool = False) -> None:
-    """Raise InvalidValueError unless value is a positive (or non-negative) number."""
+    """Raise InvalidValueError unless value is a finite positive (or non-negative) number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidValueError(f"{name} must be a number, got {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):  # NaN passes every comparison below
+        raise InvalidValueError(f"{name} must be a finite number, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise InvalidValueError(f"{name} must be {bound}, got {value!r}")

@@ -18,6 +18,7 @@ from .report import Figure, Report
 from .setup import Setup, configure
 
 DEFAULT_DECODE_CONTEXT_MAX = 4096  # report decode at half the context, at most this many tokens
+DEFAULT_PROMPT_TOKENS = 512  # the prefill estimate's prompt unless one is given (at most -c)
 
 
 @dataclass(frozen=True)
@@ -199,12 +200,20 @@ def _file_facts(spec: ModelSpec) -> FileFacts | None:
                      vision_bytes=x.get("vision_bytes", 0) + (x.get("mmproj") or {}).get("n_bytes", 0))
 
 
-def fit_report(setup: Setup, *, context: int | None = None, n_prompt: int = 512, source: str = "") -> FitReport:
-    """The FitReport of an already resolved configuration."""
-    from ..errors import check_positive
+def fit_report(setup: Setup, *, context: int | None = None, n_prompt: int | None = None, source: str = "") -> FitReport:
+    """The FitReport of an already resolved configuration; ``n_prompt`` None: 512 tokens, or -c if
+    it is shorter."""
+    from ..errors import InvalidValueError, check_positive
 
-    check_positive("n_prompt", n_prompt)
     p, spec = setup.placement, setup.spec
+    if n_prompt is None:
+        n_prompt = min(DEFAULT_PROMPT_TOKENS, p.n_ctx)
+    check_positive("n_prompt", n_prompt)
+    if isinstance(n_prompt, float):
+        raise InvalidValueError(f"n_prompt must be an integer number of tokens, got {n_prompt!r}")
+    if n_prompt > p.n_ctx:  # llama.cpp: "the request exceeds the available context size"
+        raise InvalidValueError(f"a prompt of {n_prompt:,} tokens is longer than the context -c {p.n_ctx:,}; "
+                                "raise --ctx or shorten --prompt")
     if context is not None:
         from ..perf.speed import check_kv_room
 
@@ -225,7 +234,7 @@ def fit_report(setup: Setup, *, context: int | None = None, n_prompt: int = 512,
 
 
 def fit(model: ModelSpec | str, machine: Any, *, quant: Any = None, n_ctx: int | None = None, kv_type: str = "f16",
-        n_gpu_layers: int | None = None, n_cpu_moe: int = 0, context: int | None = None, n_prompt: int = 512,
+        n_gpu_layers: int | None = None, n_cpu_moe: int = 0, context: int | None = None, n_prompt: int | None = None,
         speed: str | SpeedModel = "calibrated", order: str = "llama.cpp", bare: str = "preset", profile: bool = True,
         flash_attn: str = "auto") -> FitReport:
     """Does ``model`` fit on ``machine``, where do its bytes live, how fast will it decode and prefill?

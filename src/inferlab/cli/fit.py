@@ -22,7 +22,7 @@ EXIT_DOES_NOT_FIT = 1  # `inferlab fit` exits 1 when the configuration does not 
 @click.option("--ngl", "n_gpu_layers", type=int, default=None, help="GPU layers (-ngl). Default: chosen by --fit.")
 @click.option("--n-cpu-moe", type=int, default=0, help="Keep the experts of the first N blocks in RAM.")
 @click.option("--context", type=int, default=None, help="Context at which to report decode speed (default: half of --ctx, at most 4096).")
-@click.option("--prompt", "n_prompt", type=int, default=512, show_default=True, help="Prompt length for the prefill estimate.")
+@click.option("--prompt", "n_prompt", type=int, default=None, help="Prompt length for the prefill estimate (default: 512, or -c if shorter).")
 @click.option("--speed", "speed_name", type=click.Choice(["calibrated", "bandwidth-only", "lesson"]), default="calibrated", show_default=True,
               help="Speed model: fitted on llama-bench results; or fixed efficiencies (η=0.7, 50% compute) on vendor figures "
                    "(bandwidth-only) or on the lesson's own device figures (lesson).")

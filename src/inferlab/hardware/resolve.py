@@ -17,7 +17,7 @@ def resolve_machine(machine: Machine | str, *, lesson_figures: bool = False, pro
     if not isinstance(machine, str):
         raise InvalidValueError(f"machine must be a Machine or a machine name (a catalog key such as 'rtx4090', or "
                                 f"'local'), got {type(machine).__name__} {machine!r:.80}")
-    if machine == LOCAL:
+    if machine.strip().lower() == LOCAL:  # as the catalog keys, case does not matter ('Local', 'LOCAL')
         from .detect import detect_machine
 
         return detect_machine(profile=profile)
