@@ -7,7 +7,9 @@ itself. A calculator request is the page's own ``POST /api/fit`` on one of 24 se
 machines x contexts, -ngl auto or set: the server remembers answers, so after the warm-up these
 are answered from memory), or, in a phase of its own, on a setting never asked before (a context
 length of its own: a fresh placement and speed estimate each); a simulator request is the KV figure's ``POST /api/simulate``
-(the lesson's chat workload through three engines, with per-step animation data). Prints, per
+(the lesson's chat workload through three engines, with per-step animation data; again remembered
+after the first, and in a phase of its own with a KV pool of its own each: three simulations
+recorded step by step and replayed). Prints, per
 phase, throughput and latency p50/p95/p99 and the error count, and writes
 benchmarks/results/bench_web.json with the raw latencies.
 
@@ -182,6 +184,9 @@ def main() -> None:
             fresh = [("/api/fit", b) for b in new_calculator_bodies(args.requests)]
             phases.append(await _phase(port, "calculator, every setting new", fresh, args.clients, args.requests, args.max_s))
             phases.append(await _phase(port, "simulator", sim, min(args.clients, 8), args.sim_requests, args.max_s))
+            fresh_sim = [("/api/simulate", json.dumps({"workload": "seed-chat", "capacity_tokens": 384 + i, "limit": 8}).encode())
+                         for i in range(args.sim_requests // 4)]
+            phases.append(await _phase(port, "simulator, every pool new", fresh_sim, min(args.clients, 8), len(fresh_sim), args.max_s))
             phases.append(await _phase(port, "mixed 9:1", calc * 9 + sim * len(calc), args.clients, args.requests, args.max_s))
 
         asyncio.run(run_all())
