@@ -241,6 +241,56 @@ def fitted_constants() -> dict:
     return fit_all(dev_rows())
 
 
+@cache
+def host_kv_layer_s() -> dict:
+    """Seconds per GPU block per decode step when the KV cache stays in host RAM (-nkvo), per backend,
+    from the published pairs in data/ngl_sweeps.json ("nkvo_pairs": the same card and model with and
+    without -nkvo): the measured step-time difference, less what the model already predicts for it
+    (the cache bytes read from RAM instead of VRAM), over the GPU's blocks; the median of the pairs."""
+    from ..models.catalog import MODELS
+
+    data = json.loads(resources.files("inferlab.data").joinpath("ngl_sweeps.json").read_text())
+    base = replace(CALIBRATED_NO_HOST_KV(), host_kv_layer_s={})
+    each: dict[str, list] = {}
+    for pair in data.get("nkvo_pairs", []):
+        from ..hardware.catalog import MACHINES
+
+        mc = MACHINES[pair["machine"]]
+        model = MODELS[pair["model_id"]]
+        t = {}
+        for nk in (False, True):
+            p = place(model, mc, "preset:" + pair["quant"], n_ctx=640, n_gpu_layers=model.n_layers + 1, no_kv_offload=nk)
+            t[nk] = decode_step_time(p, mc, 64, 1, base)["total_s"]
+        extra = (1 / pair["tg128_nkvo"] - 1 / pair["tg128"]) - (t[True] - t[False])
+        each.setdefault(mc.gpu.backend, []).append(max(0.0, extra) / model.n_layers)
+    return {b: statistics.median(v) for b, v in each.items()}
+
+
+@cache
+def host_attention_flops() -> float | None:
+    """FLOP/s of prompt attention on the host when the KV cache is in RAM (-nkvo), from the same
+    pairs: the pp512 time -nkvo adds, less what the model predicts without it, over the attention
+    FLOPs that move to the host (the median of the pairs; None without pairs)."""
+    from ..hardware.catalog import MACHINES
+    from ..models.catalog import MODELS
+
+    data = json.loads(resources.files("inferlab.data").joinpath("ngl_sweeps.json").read_text())
+    base = replace(CALIBRATED_NO_HOST_KV(), host_kv_layer_s={})
+    rates = []
+    for pair in data.get("nkvo_pairs", []):
+        if not pair.get("pp512_nkvo"):
+            continue
+        mc, model = MACHINES[pair["machine"]], MODELS[pair["model_id"]]
+        p = place(model, mc, "preset:" + pair["quant"], n_ctx=640, n_gpu_layers=model.n_layers + 1, no_kv_offload=True)
+        f = prefill_time(p, mc, 512, base)
+        attn = 512 * p.cpu.attn_flops_per_token_ctx * 256  # the cache is in RAM: the prompt attends to 256 cached tokens on average there
+        # without the host rate, the model runs that attention where op offload sends the host's work (the GPU): take it out
+        extra = 512 / pair["pp512_nkvo"] - (f["total_s"] - f["per_device"][0]["s"])
+        if extra > 0:
+            rates.append(attn / extra)
+    return statistics.median(rates) if rates else None
+
+
 def _constants_for(k: dict, dev) -> dict:
     c = device_class(dev)
     return k.get(c) if c in k else k.get(dev.backend)
@@ -289,7 +339,14 @@ def _cpu_prefill_rate():
 @cache
 def CALIBRATED() -> SpeedModel:  # noqa: N802 (a constant built lazily)
     """The calibrated SpeedModel (llama.cpp's real behaviour: attention FLOPs counted, CPU
-    weights cross PCIe once per micro-batch, the GPUs' kernel roofs fitted per backend)."""
+    weights cross PCIe once per micro-batch, the GPUs' kernel roofs fitted per backend, the
+    per-block cost of a KV cache left in host RAM)."""
+    return replace(CALIBRATED_NO_HOST_KV(), host_kv_layer_s=host_kv_layer_s(), host_attention_flops=host_attention_flops())
+
+
+@cache
+def CALIBRATED_NO_HOST_KV() -> SpeedModel:  # noqa: N802
+    """CALIBRATED without the -nkvo cost (the base its own fit is measured against)."""
     k = fitted_constants()
     return SpeedModel(
         "calibrated",
@@ -336,4 +393,94 @@ def validation_table(speed: SpeedModel | None = None, rows: list[dict] | None = 
         out.append({"device": r["device"], "backend": r["backend"], "quant": r["quant"], "build": r.get("build"),
                     "pp": r["pp"], "pp_pred": pred["pp"], "pp_err": (pred["pp"] / r["pp"] - 1) if r["pp"] else None,
                     "tg": r["tg"], "tg_pred": pred["tg"], "tg_err": (pred["tg"] / r["tg"] - 1) if r["tg"] else None})
+    return out
+
+
+# --- partial offload against published -ngl sweeps (data/ngl_sweeps.json) ---
+
+@cache
+def ngl_sweeps() -> dict:
+    """data/ngl_sweeps.json: published llama-bench -ngl sweeps with their sources."""
+    return json.loads(resources.files("inferlab.data").joinpath("ngl_sweeps.json").read_text())
+
+
+def _sweep_machine(sweep: dict) -> Machine:
+    from ..hardware.catalog import _data, load_hosts
+
+    e = next(x for x in _data()["devices"] if x.get("id") == sweep["gpu_proxy"])
+    from ..hardware.catalog import DEVICES
+
+    gpu = DEVICES[sweep["gpu_proxy"]]
+    host = load_hosts()[sweep["host_proxy"]]
+    return Machine(f"{gpu.name} + {host.name}", gpu, host, e.get("pcie_gbs", 31.5))
+
+
+def _fit_two_scales(c: list[float], g: list[float], t: list[float]) -> tuple[float, float]:
+    """a, b > 0 minimising sum (log(a c_i + b g_i) - log t_i)^2 (a coarse-to-fine grid in log space)."""
+    def loss(la, lb):
+        return sum((math.log(math.exp(la) * ci + math.exp(lb) * gi) - math.log(ti)) ** 2 for ci, gi, ti in zip(c, g, t))
+    la, lb, step = 0.0, 0.0, 2.0
+    for _ in range(40):
+        la, lb = min(((la + i * step, lb + j * step) for i in (-1, 0, 1) for j in (-1, 0, 1)), key=lambda x: loss(*x))
+        step *= 0.7
+    return math.exp(la), math.exp(lb)
+
+
+JUMP_DISTINCT = 1.10  # a sweep's largest step is its jump when it is at least 10 % larger than the next largest
+
+
+def check_ngl_sweep(sweep: dict, speed: SpeedModel | None = None) -> dict:
+    """The model's curve for one published sweep, anchored (see data/ngl_sweeps.json's notes): per
+    metric (tg, pp) the measured and predicted t/s at each point, the relative error at the points
+    not used as anchors, and where the largest step between consecutive points is, measured and
+    predicted."""
+    from ..models.catalog import MODELS
+
+    speed = replace(speed or CALIBRATED(), n_ubatch=sweep.get("n_ubatch", 512))
+    model = MODELS[sweep["model_id"]]
+    mc = _sweep_machine(sweep)
+    n_prompt = sweep.get("n_prompt", 512)
+    full = model.n_layers + 1
+    rows = []
+    for pt in sweep["points"]:
+        m = pt.get("mapped", {"ngl": pt["ngl"], "nkvo": False}) if "mapped" in pt else {"ngl": pt["ngl"], "nkvo": False}
+        if m is None:
+            continue
+        ngl = min(m["ngl"], full)
+        p = place(model, mc, "preset:" + sweep["quant"], n_ctx=n_prompt + 128, n_gpu_layers=ngl, no_kv_offload=m["nkvo"])
+        d = decode_step_time(p, mc, 64, 1, speed)
+        f = prefill_time(p, mc, n_prompt, speed)
+        rows.append({"ngl": pt["ngl"], "ngl_model": ngl, "nkvo": m["nkvo"], "full": ngl == full and not m["nkvo"], "zero": ngl == 0,
+                     "tg": pt.get("tg"), "pp": pt.get("pp"),
+                     "tg_split": (d["cpu_s"], d["gpu_s"]), "pp_split": (f["cpu_s"] / n_prompt, f["gpu_s"] / n_prompt)})
+    out = {"id": sweep["id"], "metrics": {}}
+    for k in ("tg", "pp"):
+        sel = [r for r in rows if r[k]]
+        if len(sel) < 3:
+            continue
+        t = [1 / r[k] for r in sel]
+        c = [r[f"{k}_split"][0] for r in sel]
+        g = [r[f"{k}_split"][1] for r in sel]
+        zero = next((i for i, r in enumerate(sel) if r["zero"]), None)
+        top = next((i for i, r in enumerate(sel) if r["full"]), None)
+        if zero is not None and top is not None and c[zero] > 0 and g[top] > 0:
+            a, b = t[zero] / (c[zero] + g[zero] * 0), t[top] / g[top]  # the two ends: all on the CPU side, all on the GPU
+            anchors, method = {zero, top}, "ends"
+        else:
+            a, b = _fit_two_scales(c, g, t)
+            anchors, method = set(), "least squares (2 scales)"
+        pred = [1 / (a * ci + b * gi) for ci, gi in zip(c, g)]
+        pts = [{"ngl": r["ngl"], "measured": r[k], "predicted": pv, "err": pv / r[k] - 1, "anchor": i in anchors}
+               for i, (r, pv) in enumerate(zip(sel, pred))]
+        steps = [(sel[i]["ngl"], sel[i + 1]["ngl"], sel[i + 1][k] / sel[i][k], pred[i + 1] / pred[i]) for i in range(len(sel) - 1)]
+        jm = max(steps, key=lambda s: s[2])
+        jp = max(steps, key=lambda s: s[3])
+        ratios = sorted((s[2] for s in steps), reverse=True)
+        distinct = len(ratios) < 2 or ratios[0] >= JUMP_DISTINCT * ratios[1]  # the measured largest step stands out from the next
+        errs = [abs(x["err"]) for x in pts if not x["anchor"]]
+        out["metrics"][k] = {"method": method, "cpu_scale": a, "gpu_scale": b, "points": pts,
+                             "jump_measured": [jm[0], jm[1]], "jump_predicted": [jp[0], jp[1]], "jump_distinct": distinct,
+                             "checked": k in sweep.get("metrics_checked", ("tg", "pp")),
+                             "median_abs_err": statistics.median(errs) if errs else None, "max_abs_err": max(errs) if errs else None,
+                             "n_checked": len(errs)}
     return out

@@ -39,6 +39,8 @@ class SpeedModel:
     gpu_decode_rate: object = None  # callable(device, placement) -> bytes/s a GPU's mat-vec kernels can issue (a roof below η·β), or None
     gpu_prefill_rate: object = None  # callable(device, placement) -> FLOP/s of a GPU's prompt matmuls (else ε·P), or None
     device_class: object = None  # callable(device) -> a finer key than the backend ("cuda/turing") for the dicts above, or None
+    host_kv_layer_s: dict = field(default_factory=dict)  # backend -> seconds per GPU block per step when its KV cache is in host RAM (-nkvo)
+    host_attention_flops: float | None = None  # FLOP/s of prompt attention run on the host when the KV cache is in RAM (-nkvo); None: not modelled
     prefill_head_every_token: bool = True  # lesson: the output head runs for every prompt token; llama.cpp: the last only
     op_offload_transfers_per_ubatch: bool = False  # lesson: CPU weights cross PCIe once per prompt
     n_ubatch: int = 512
@@ -130,6 +132,10 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
             flops = batch * (d.flops_per_token + d.attn_flops_per_token_ctx * context)
             comp_s = flops / (hw.fp16_flops * model.decode_compute_eff)
             over = _layer_overhead_s(model, hw) * d.n_blocks
+            if (model.host_kv_layer_s and not hw.is_cpu and d.n_blocks and not (d.kv_full_bytes_per_token or d.kv_swa_bytes_per_token)
+                    and placement.devices[0].kv_full_bytes_per_token + placement.devices[0].kv_swa_bytes_per_token):
+                # -nkvo: each GPU block's attention runs on the host, against the cache in RAM: a round trip per block
+                over += model.host_kv_layer_s.get(model.key(hw, model.host_kv_layer_s), 0.0) * d.n_blocks
             t = max(mem_s, comp_s) + over if (bytes_ or flops) else 0.0
             p = {"device": d.name, "kind": d.kind, "s": t, "bytes": bytes_, "weights_bytes": weights, "kv_bytes": kv,
                  "memory_s": mem_s, "compute_s": comp_s, "overhead_s": over,
@@ -197,6 +203,14 @@ def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: S
         if not flops:
             per.append({"device": d.name, "s": 0.0, "compute_s": 0.0, "transfer_s": 0.0, "where": h.name})
             continue
+        host_attn_s = 0.0
+        nkvo_blocks = sum(g.n_blocks for g in placement.devices[1:] if not (g.kv_full_bytes_per_token or g.kv_swa_bytes_per_token))
+        if h.is_cpu and model.host_attention_flops and nkvo_blocks and d.attn_flops_per_token_ctx and avg_ctx:
+            # -nkvo: the attention of the GPU's blocks runs on the host, against the cache in RAM (never op-offloaded);
+            # the host's attention FLOPs are its own blocks' and those, in proportion to the blocks
+            attn = n_tokens * d.attn_flops_per_token_ctx * avg_ctx * nkvo_blocks / (nkvo_blocks + d.n_blocks)
+            host_attn_s = attn / model.host_attention_flops
+            flops -= attn
         runs_on = h
         transfer = 0.0
         if h.is_cpu and gpu_hw is not None and ub >= OP_OFFLOAD_MIN_BATCH and not machine.unified:
@@ -211,7 +225,8 @@ def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: S
         else:
             comp = flops / (runs_on.fp16_flops * model.eps(runs_on))
         over = _layer_overhead_s(model, runs_on) * d.n_blocks * n_ub
-        per.append({"device": d.name, "s": comp + transfer + over, "compute_s": comp, "transfer_s": transfer, "where": runs_on.name})
+        per.append({"device": d.name, "s": comp + transfer + over + host_attn_s, "compute_s": comp, "transfer_s": transfer, "where": runs_on.name,
+                    "host_attention_s": host_attn_s})
         pcie_s += transfer
     total = sum(p["s"] for p in per)
     return {"total_s": total, "tok_per_s": n_tokens / total, "n_tokens": n_tokens, "pcie_s": pcie_s,
