@@ -98,8 +98,10 @@ def main() -> None:
     args = ap.parse_args()
     fn = {"sweep": sweep_digests, "plans": plan_digests, "engines": engine_digests}
     snap = {args.part: fn[args.part]()} if args.part else snapshot()
-    if args.write:
-        GOLDEN.write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")
+    if args.write:  # one part rewrites only that part
+        gold = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+        gold.update(snap)
+        GOLDEN.write_text(json.dumps(gold, indent=1, sort_keys=True) + "\n")
         return
     gold = json.loads(GOLDEN.read_text())
     bad = [(part, k) for part, d in snap.items() for k, v in d.items() if gold[part].get(k) != v]
