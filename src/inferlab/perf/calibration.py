@@ -100,12 +100,21 @@ def _int32_by_name() -> dict:
     return {e["name"]: e["int32_tops"] for e in _data()["devices"] if e.get("int32_tops")}
 
 
+def _by_name(table: dict, name: str):
+    """table[name], else the entry of the longest catalog name inside it ("NVIDIA GeForce RTX 4090"
+    as a driver reports it holds the catalog's "RTX 4090"), else None."""
+    if name in table:
+        return table[name]
+    hits = [k for k in table if k in name]
+    return table[max(hits, key=len)] if hits else None
+
+
 def shader_ops_per_s(dev) -> float:
     """S: integer operations per second of the device's cores (lanes x boost clock), the rate that
     bounds llama.cpp's dequantizing kernels. devices.json's int32_tops where given (NVIDIA, AMD),
     else half the FP32 FLOP/s (every FP32 lane an integer lane, one op a clock: Apple, Intel), else
     half the FP16 figure."""
-    t = _int32_by_name().get(dev.name)
+    t = _by_name(_int32_by_name(), dev.name)
     if t is not None:
         return t * 1e12
     return (dev.fp32_tflops or dev.fp16_tflops) * 1e12 / 2
@@ -121,8 +130,8 @@ def _generation_by_name() -> dict:
 def device_class(dev) -> str | None:
     """backend/generation of a GPU ("cuda/turing", "metal/m5"): devices.json's generation, or the
     Apple chip generation read from the name (core-count variants share it); None if unknown."""
-    g = _generation_by_name().get(dev.name)
-    if g is None and (m := re.match(r"Apple (M\d)", dev.name)):
+    g = _by_name(_generation_by_name(), dev.name)
+    if (m := re.match(r"Apple (M\d)", dev.name)):
         g = m.group(1).lower()
     return f"{dev.backend}/{g}" if g else None
 
