@@ -54,7 +54,7 @@ def test_profile_small_json_and_plot(tmp_path):
     first = rep["rows"][0]
     assert first["naive_ttft_ms"] > 0 and first["speedup"] > 0
     assert {"weights_bytes", "kv_cache_bytes", "activations_bytes", "peak_bytes", "predicted_step_ms"} <= set(first)
-    assert rep["prediction_note"].startswith("no perf_model prediction")  # SmallTransformer has no GGUF
+    assert rep["prediction_note"].startswith("no prediction")  # SmallTransformer has no GGUF
     assert [q["cache"] for q in rep["quality"]] == ["int8", "window:8"]
     kv = {r["cache"]: r["kv_cache_bytes"] for r in rep["rows"] if r["context"] == 32 and r["batch"] == 2}
     assert kv["contiguous"] == 2 * 6 * 2 * 512 * (32 + 3) * 4  # K+V, layers, batch, d_model, positions, fp32

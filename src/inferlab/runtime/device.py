@@ -4,6 +4,8 @@ bytes of the tensors a block of code creates (any device)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import os
 import resource
 import weakref
@@ -137,7 +139,7 @@ class TensorBytesPeak:
         self.live_bytes = 0
         self.peak_bytes = 0
         self._refs = {}  # id of a live storage -> its weak reference (kept so the callback fires)
-        self._mode = None
+        self._mode: Any = None
 
     def _track(self, storage) -> None:
         key, n = id(storage), storage.nbytes()  # storages keep one Python object for their life (torch preserves it)

@@ -32,6 +32,9 @@ class SamplingParams:
         check_positive("top_k", self.top_k, allow_zero=True)
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 1 << 64):  # torch.manual_seed's range
+            raise InvalidValueError(f"seed must be an integer from 0 to 2^64 - 1, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

@@ -112,7 +112,7 @@ class GGUFFile:
         return v
 
 
-def _field(reader, key: str, default=None, *, required: bool = True, kind: type | None = None):
+def _field(reader, key: str, default: Any = None, *, required: bool = True, kind: type | None = None) -> Any:
     """A metadata value, or default; ``kind``: int or float, checked (a bool or a string is not a number)."""
     v = reader.get(key)
     if v is None:
@@ -193,7 +193,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     n_split = header.metadata.get("split.count")
     if isinstance(n_split, int) and n_split > 1:
         raise NotSupportedError(f"{path}: one part of a {n_split}-part split GGUF; the runtime reads single-file models")
-    mm = np.memmap(path, dtype=np.uint8, mode="r") if header.tensors else None
+    mm = np.memmap(path, dtype=np.uint8, mode="r") if header.tensors else np.zeros(0, dtype=np.uint8)
     tensors = []
     for info, offset in zip(header.tensors, header.tensor_offsets):
         qtype = GGMLQuantizationType.__members__.get(info.ggml_type)

@@ -18,6 +18,8 @@ window (a ring of the last W positions: sliding-window attention).
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 
 from ..errors import InvalidValueError, UnknownNameError, check_positive
@@ -158,7 +160,7 @@ class PagedKVCache(KVCache):
             random.Random(shuffle_seed).shuffle(self.free_blocks)
         self.block_tables: list[list[int]] = [[] for _ in range(self.batch)]
         self._slots = None  # (batch, seq_len + T) slot of every position, rebuilt by reserve()
-        self._new_slots = None
+        self._new_slots: Any = None
 
     def reserve(self, n_new: int) -> None:
         import torch
@@ -299,5 +301,5 @@ def make_cache(spec: CacheSpec, config, batch: int, capacity: int, dtype, device
     if spec.kind == "int8":
         return Int8KVCache(*args)
     if spec.kind == "window":
-        return SlidingWindowKVCache(*args, window=spec.window)
+        return SlidingWindowKVCache(*args, window=int(spec.window or 0))  # CacheSpec.parse requires a window for this kind
     raise UnknownNameError("KV cache kind", spec.kind, CACHE_KINDS)

@@ -17,6 +17,8 @@ bf16 activations, so their matmul inputs are rounded to bf16; outputs come back 
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import InvalidValueError, NotSupportedError, UnknownNameError
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
@@ -101,8 +103,9 @@ class DenseLinear:
         self._upcast_many = on_cpu and dtype == torch.float16
         # the decode row and its zero partner; only row 0 is ever written (views made once: a
         # decode step makes ~120 products, and each aten view costs a dispatch)
-        self._pair = torch.zeros((2, k), dtype=dtype, device=self.w.device) if self._few_rows else None
-        self._row, self._pair_t = (self._pair[0], self._pair.T) if self._few_rows else (None, None)
+        self._pair: Any = torch.zeros((2, k), dtype=dtype, device=self.w.device) if self._few_rows else None
+        self._row: Any = self._pair[0] if self._few_rows else None
+        self._pair_t: Any = self._pair.T if self._few_rows else None
 
     @property
     def nbytes(self) -> int:
@@ -225,7 +228,7 @@ class Int4Linear:
         import torch
 
         flat = ids.reshape(-1)
-        q = _unpack_int4(self.packed, *self.shape, self._block_n, rows=flat).float()
+        q = _unpack_int4(self.packed, *self.shape, int(self._block_n or _int4_block_n()), rows=flat).float()
         sz = self.scale_zero[:, flat].float().repeat_interleave(INT4_GROUP, dim=0)  # (k, rows, 2)
         w = (q - 8) * sz[..., 0].T + sz[..., 1].T
         return w.view(*ids.shape, self.shape[1]).to(torch.float32)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError
 from .gguf_weights import LlamaConfig, load_state, open_gguf, read_config
@@ -24,13 +25,13 @@ __all__ = ["WEIGHT_DTYPES", "LlamaModel", "load_gguf"]
 
 @dataclass
 class _Layer:
-    attn_norm: object
-    wqkv: object  # (q_dim + 2 * kv_dim, d_model)
-    bqkv: object | None
-    wo: object
-    ffn_norm: object
-    w_gate_up: object  # (2 * ffn_dim, d_model)
-    w_down: object
+    attn_norm: Any
+    wqkv: Any  # (q_dim + 2 * kv_dim, d_model)
+    bqkv: Any
+    wo: Any
+    ffn_norm: Any
+    w_gate_up: Any  # (2 * ffn_dim, d_model)
+    w_down: Any
 
 
 def _nbytes(w) -> int:
@@ -147,7 +148,7 @@ class LlamaModel:
         else:  # a row of the tied head: its share of the head's bytes
             row = -(-self.lm_head.nbytes // self.config.vocab_size)
         layers = sum(
-            _nbytes(w) for l in self.layers for w in (l.attn_norm, l.wqkv, l.bqkv, l.wo, l.ffn_norm, l.w_gate_up, l.w_down)
+            _nbytes(w) for blk in self.layers for w in (blk.attn_norm, blk.wqkv, blk.bqkv, blk.wo, blk.ffn_norm, blk.w_gate_up, blk.w_down)
         )
         return layers + self.output_norm.nbytes + _nbytes(self.lm_head) + row
 
@@ -272,7 +273,7 @@ class LlamaModel:
     step = forward
 
 
-def load_gguf(path, *, device="cpu", dtype="float32", n_ctx: int | None = None):
+def load_gguf(path, *, device: Any = "cpu", dtype: str = "float32", n_ctx: int | None = None):
     """(LlamaModel, GGUFTokenizer) from one GGUF, reading its header once (parsing the
     tokenizer arrays is most of the open time)."""
     import torch

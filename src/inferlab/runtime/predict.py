@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InferlabError
 
@@ -24,8 +25,8 @@ _KV_TYPE_BY_CACHE = {"contiguous": "f32", "paged": "f32", "window": "f32", "int8
 class Predictor:
     """Wraps the performance model for one runtime model on one device; `available` False means no predictions."""
 
-    spec: object = None
-    machine: object = None
+    spec: Any = None  # the ModelSpec of the GGUF
+    machine: Any = None  # the Machine it runs on
     quant: str = "F32"
     gpu: bool = False
     note: str = ""
@@ -86,7 +87,7 @@ class Predictor:
         """Naive generation re-runs a prefill of the whole sequence every step."""
         if not self.available:
             return None
-        return statistics.fmean(self.prefill_s(context + i, batch) for i in range(n_new_tokens))
+        return statistics.fmean(self.prefill_s(context + i, batch) or 0.0 for i in range(n_new_tokens))
 
     def decode_bytes_per_step(self, context: int, batch: int = 1, cache_kind: str = "contiguous") -> float | None:
         if not self.available:

@@ -85,10 +85,26 @@ class ProfileReport:
 def _kv_read_bytes(spec: CacheSpec, cache_bytes: int, capacity: int, context: int) -> int:
     """KV bytes one decode step reads: the cache's bytes per stored position times the positions
     attended (the window caps them)."""
-    if spec.kind == "window":
+    if spec.kind == "window" and spec.window:
         return int(cache_bytes / spec.window * min(context, spec.window))
-    slots = -(-capacity // spec.block_size) * spec.block_size if spec.kind == "paged" else capacity
+    slots = -(-capacity // spec.block_size) * spec.block_size if spec.kind == "paged" and spec.block_size else capacity
     return int(cache_bytes / slots * context)
+
+
+def _check_memory(model, tokens: int, batch: int) -> None:
+    """Refuse, before any allocation, a sweep whose KV cache alone would not fit in this
+    machine's memory (a typo like --batch 99999999999 asked torch for 6.4 TB)."""
+    import os
+
+    per_token = getattr(model.config, "kv_bytes_per_token", None)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    need = batch * tokens * (int(per_token(4)) if callable(per_token) else 0)
+    if need > ram:
+        raise InvalidValueError(f"batch {batch:,} x {tokens:,} tokens needs {need / 1e9:,.1f} GB of fp32 KV cache; "
+                                f"this machine has {ram / 1e9:.1f} GB: lower --batch or --ctx")
 
 
 def profile_model(model, contexts=(64, 128, 256), batches=(1,), caches=("contiguous",), *, n_new_tokens: int = 8,
@@ -104,6 +120,9 @@ def profile_model(model, contexts=(64, 128, 256), batches=(1,), caches=("contigu
         check_positive("context", ctx)
         if ctx + n_new_tokens > model.n_ctx:
             raise InvalidValueError(f"context {ctx} + {n_new_tokens} new tokens exceeds the model's context of {model.n_ctx}")
+    for batch in batches:
+        check_positive("batch", batch)
+    _check_memory(model, max(contexts, default=0) + n_new_tokens, max(batches, default=1))
     gen = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
         warm = torch.randint(0, model.config.vocab_size, (1, min(32, model.n_ctx)), generator=gen).to(model.device)

@@ -14,6 +14,7 @@ as llama.cpp's `parse_special` does; user-defined tokens (4) always are.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import FileFormatError, InvalidValueError, NotSupportedError
 
@@ -60,8 +61,8 @@ SPM_SPACE = "\u2581"  # "▁", SentencePiece's space
 class GGUFTokenizer:
     """Encode/decode with the vocabulary of a GGUF file."""
 
-    with_special: object  # tokenizers.Tokenizer that splits control tokens out of the text
-    plain: object  # the same vocabulary, control tokens treated as ordinary text
+    with_special: Any  # tokenizers.Tokenizer that splits control tokens out of the text
+    plain: Any  # the same vocabulary, control tokens treated as ordinary text
     bos_id: int | None
     eos_id: int | None
     add_bos: bool
