@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, FileFormatError, NotSupportedError
-from ..quant.presets import presets
-from ..quant.types import ggml_types_by_id
+from .ggml_types import file_type_names, ggml_types_by_id
 from .spec import ARCHITECTURES, ModelSpec, TensorInfo
 
 GGUF_MAGIC = b"GGUF"
@@ -436,10 +435,10 @@ def model_from_gguf(path: str | os.PathLike, *, mmproj: str | os.PathLike | None
 
 
 def _preset_of_ftype(ftype: Any) -> str | None:
-    """general.file_type (enum llama_ftype) -> the llama-quantize preset name (quant/presets data)."""
+    """general.file_type (enum llama_ftype) -> the llama-quantize preset name (models.ggml_types.file_type_names)."""
     if isinstance(ftype, bool) or not isinstance(ftype, int):
         return None
-    return next((p.name for p in presets().values() if p.ftype_id == ftype), None)
+    return file_type_names().get(ftype) if isinstance(ftype, int) else None
 
 
 def _hparams(arch: str, md: dict[str, Any], tensors: dict[str, TensorInfo], label: str, path: str) -> dict[str, Any]:

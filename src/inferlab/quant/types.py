@@ -1,59 +1,6 @@
-"""The GGML tensor types as data: block layout, hence bits per weight and the bytes of a row.
+"""The GGML tensor types, as the quantization rules use them (defined with the model files'
+vocabulary in ``models.ggml_types``)."""
 
-Source: data/ggml_types.json (from llama.cpp's ggml-common.h block structs and ggml.c type_traits).
-"""
+from ..models.ggml_types import GGMLType, ggml_type, ggml_types, ggml_types_by_id
 
-from __future__ import annotations
-
-import json
-from dataclasses import dataclass
-from functools import cache
-from importlib import resources
-
-from ..errors import UnknownNameError
-
-
-@dataclass(frozen=True)
-class GGMLType:
-    name: str  # e.g. "Q4_K"
-    type_id: int  # enum ggml_type
-    block_size: int  # weights per block
-    type_size: int  # bytes per block
-    layout: str = ""
-
-    @property
-    def bits_per_weight(self) -> float:
-        return 8 * self.type_size / self.block_size  # bits of one block spread over its weights
-
-    def row_bytes(self, n: int) -> int:
-        """Bytes of n consecutive weights (n must be a multiple of the block size, as in ggml_row_size)."""
-        return n // self.block_size * self.type_size
-
-    def tensor_bytes(self, shape: tuple[int, ...]) -> int:
-        rows = 1
-        for d in shape[1:]:
-            rows *= d
-        return self.row_bytes(shape[0]) * rows
-
-
-@cache
-def ggml_types() -> dict[str, GGMLType]:
-    data = json.loads(resources.files("inferlab.data").joinpath("ggml_types.json").read_text())
-    return {
-        t["type"]: GGMLType(t["type"], t["ggml_type_id"], t["weights_per_block"], t["bytes_per_block"], t.get("layout", ""))
-        for t in data["ggml_types"]
-    }
-
-
-@cache
-def ggml_types_by_id() -> dict[int, GGMLType]:
-    return {t.type_id: t for t in ggml_types().values()}
-
-
-def ggml_type(name: str) -> GGMLType:
-    """Look a type up by name, case-insensitively ("q4_k" -> Q4_K)."""
-    table = ggml_types()
-    t = table.get(name) or (table.get(name.upper()) if isinstance(name, str) else None)
-    if t is None:
-        raise UnknownNameError("GGML type", name, table)
-    return t
+__all__ = ["GGMLType", "ggml_type", "ggml_types", "ggml_types_by_id"]
