@@ -85,12 +85,13 @@ def parse_command(engine: str, argv: list[str] | str) -> dict[str, object]:
     if tuple(words[:len(prog)]) != prog:
         raise InvalidValueError(f"a {engine} command starts with {' '.join(prog)!r}, got {' '.join(words[:len(prog)])!r}")
     table = flag_table(engine)
-    out: dict[str, object] = {"_positional": []}
+    positional: list[str] = []
+    out: dict[str, object] = {"_positional": positional}
     i = len(prog)
     while i < len(words):
         w = words[i]
         if not w.startswith("-") or w == "-":
-            out["_positional"].append(w)
+            positional.append(w)
             i += 1
             continue
         name, eq, inline = w.partition("=") if w.startswith("--") else (w, "", "")

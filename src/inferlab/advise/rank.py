@@ -6,6 +6,7 @@ so the best one is never slower than it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InvalidValueError
 from ..perf.placement import Placement, place
@@ -44,7 +45,7 @@ def _entry(setup, p: Placement, rank: int, ctx: int, label: str, ncm: int = 0, f
                            notes=("llama.cpp's default: --fit on picks -ngl for the -c you set",))
         ot = None
     else:
-        kw = dict(n_gpu_layers=p.n_gpu_layers, ctx=ctx, kv_type=p.kv_type)
+        kw: dict[str, Any] = dict(n_gpu_layers=p.n_gpu_layers, ctx=ctx, kv_type=p.kv_type)
         cmd = llama_server(spec, q, n_cpu_moe=ncm if ncm < spec.n_layers else 0, cpu_moe=ncm >= spec.n_layers and ncm > 0, **kw)
         ot = llama_server(spec, q, override_tensor=experts_ot_pattern(ncm if ncm < spec.n_layers else None), **kw) if ncm else None
     return RankedPlacement(rank, p.n_gpu_layers, ncm, p.kv_type, ctx, dctx, d["tok_per_s"], f["tok_per_s"], p.gpu_total, p.cpu_total,

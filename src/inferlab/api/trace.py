@@ -91,7 +91,7 @@ def _base(setup: Setup, phase: str, steps, notes=(), figures=(), **kw) -> TraceR
     qlabel = setup.scheme.label if setup.scheme is not None else f"the file's own tensors ({setup.spec.file_type or 'mixed'})"
     from .fit import _figures  # the same input figures, with their origins, as `fit` reports
 
-    fields = dict(phase=phase, model=setup.spec.name, quant=qlabel, machine=setup.machine.name, machine_id=setup.machine_id,
+    fields: dict[str, Any] = dict(phase=phase, model=setup.spec.name, quant=qlabel, machine=setup.machine.name, machine_id=setup.machine_id,
                   speed_model=setup.speed.name, n_ctx=p.n_ctx, kv_type=setup.kv_type, n_gpu_layers=p.n_gpu_layers, fits=p.fits,
                   reason=p.reason, steps=tuple(steps), total_s=total_s(steps) if steps else None, speed_model_s=None,
                   by_bound_s=_sums(steps, "bound"), by_where_s=_sums(steps, "where"), n_tokens=None, context_tokens=None, batch=None,
@@ -215,7 +215,7 @@ def trace(phase: str, model: ModelSpec | str, machine: Any, *, quant: Any = None
     (default 0); decode: ``batch`` sequences at ``context`` cached tokens (default half the cache,
     at most 4096) and the curve at ``contexts`` per ``kv_types``; load: ``disk_gbps``."""
     check_phase(phase)
-    args = dict(model=model, machine=machine, quant=quant, n_ctx=n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
+    args: dict[str, Any] = dict(model=model, machine=machine, quant=quant, n_ctx=n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
                 n_cpu_moe=n_cpu_moe, speed=speed, order=order, flash_attn=flash_attn, bare=bare, profile=profile)
     setup = configure(**args)
     if phase == "load":

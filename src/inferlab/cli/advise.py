@@ -50,7 +50,7 @@ def advise(model, machine_name, users, ctx, shared_prefix, quant, lora_rank, dra
             con.print(f"  reports: {safe(line)}")
         for n in e.command.notes:
             con.print(f"  note: {safe(n)}")
-    if r.placements:
+    if r.placements and r.fit_default is not None:
         con.print(f"\nplacements ranked by predicted decode speed (llama.cpp's --fit default: -ngl {r.fit_default.n_gpu_layers}, "
                   f"{r.fit_default.tok_per_s:.1f} tok/s):")
         for p in r.placements:

@@ -65,17 +65,19 @@ def capacity(model, machine_name, engine, ctx_text, kv_text, window, target_sess
     for row in r.rows:
         if row.note:
             con.print(f"  {row.strategy}: {safe(row.note)}")
+    from ..kv.pool import LlamacppPool, SglangPool, VllmPool
+
     p = r.pool
     if p is not None:
         con.print(f"{r.engine} reports: {safe(p.log_line)}")
-        if r.engine == "vllm":
+        if isinstance(p, VllmPool):
             con.print(f"  {p.gpu_memory_utilization} x {p.total_bytes / GB:.1f} GB = {p.requested_bytes / GB:.2f} GB − weights "
                       f"{p.weights_bytes / GB:.2f} − activations {p.activation_bytes / GB:.2f} − non-torch {p.non_torch_bytes / GB:.2f} − "
                       f"CUDA graphs {p.cuda_graph_bytes / GB:.2f} = KV {p.kv_bytes / GB:.2f} GB, {p.num_blocks} blocks of {p.block_size}")
-        elif r.engine == "llamacpp":
+        elif isinstance(p, LlamacppPool):
             con.print(f"  -np {p.n_parallel} slots x {r.contexts[-1]:,} tokens: -c {p.n_ctx:,} ({'unified' if p.unified else 'split'}), "
                       f"KV {p.kv_bytes / GB:.2f} GB, {p.gpu_bytes / GB:.2f} GB on the GPU with -ngl {p.n_gpu_layers}")
-        elif r.engine == "sglang":
+        elif isinstance(p, SglangPool):
             con.print(f"  mem_fraction_static {p.mem_fraction_static} (reserved {p.reserved_mib:.0f} MiB) x {p.total_bytes / GB:.1f} GB − "
                       f"weights {p.weights_bytes / GB:.2f} GB = KV {p.kv_bytes / GB:.2f} GB")
     for n in r.notes:
