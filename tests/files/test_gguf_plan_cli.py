@@ -147,7 +147,8 @@ HEAD_LAYOUTS = {
 @pytest.mark.parametrize("layout", list(HEAD_LAYOUTS))
 def test_plan_equals_llama_quantize(layout, tmp_path):
     pytest.importorskip("llama_cpp")
-    from inferlab.models.gguf_writer import quantize_gguf, write_gguf
+    from inferlab.models.gguf_writer import write_gguf
+    from inferlab.quant.llama_quantize import quantize_gguf
     from inferlab.models.spec import ModelSpec
 
     spec = ModelSpec(name=layout, **HEAD_LAYOUTS[layout])
@@ -178,7 +179,8 @@ def test_needs_imatrix_is_what_llama_quantize_refuses(tmp_path):
     """The presets gguf-plan marks as needing an importance matrix are exactly those llama.cpp refuses without one."""
     pytest.importorskip("llama_cpp")
     from inferlab.errors import InferlabError
-    from inferlab.models.gguf_writer import quantize_gguf, write_gguf
+    from inferlab.models.gguf_writer import write_gguf
+    from inferlab.quant.llama_quantize import quantize_gguf
     from inferlab.models.spec import ModelSpec
 
     spec = ModelSpec(name="llama-gqa4", **HEAD_LAYOUTS["llama-gqa4"])

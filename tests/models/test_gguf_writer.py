@@ -8,7 +8,8 @@ import pytest
 
 from inferlab.errors import NotSupportedError
 from inferlab.models.gguf_reader import model_from_gguf
-from inferlab.models.gguf_writer import quantize_gguf, uniform_imatrix, write_gguf
+from inferlab.models.gguf_writer import write_gguf
+from inferlab.quant.llama_quantize import quantize_gguf, uniform_imatrix
 from inferlab.models.spec import ModelSpec
 from inferlab.quant.plan import tensor_plan
 

@@ -1,4 +1,4 @@
-"""Write a random-weight GGUF for a ModelSpec, and quantize it with llama.cpp itself.
+"""Write a random-weight GGUF for a ModelSpec.
 
 ``write_gguf`` lays a model out exactly as convert_hf_to_gguf.py would (the tensor inventory of
 models.inventory, 2-D weights in ``dtype``, norms, biases and the MoE router in F32) with the
@@ -7,7 +7,7 @@ metadata llama.cpp needs to load it, quantize it and run it, and a small Sentenc
 The weights are random (seeded), so the file says nothing about a real model's quality, only
 about its layout and bytes.
 
-``quantize_gguf`` calls llama.cpp's ``llama_model_quantize`` through llama-cpp-python.
+Quantizing such a file with llama.cpp itself is ``quant.llama_quantize.quantize_gguf``.
 
 Architectures written: llama (and mistral/mixtral, which are "llama" in GGUF), qwen2, qwen3,
 qwen2moe, qwen3moe. Needs the packages gguf and numpy (``pip install 'inferlab[files]'``).
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import FileFormatError, InvalidValueError, MissingDependencyError, NotSupportedError, check_positive
+from ..errors import MissingDependencyError, NotSupportedError, check_positive
 from .inventory import tensor_inventory
 from .spec import ModelSpec
 
@@ -60,7 +60,7 @@ def write_gguf(spec: ModelSpec, path: str | os.PathLike, dtype: str = "F16", see
 
     w = gguf.GGUFWriter(str(path), spec.arch)
     _write_metadata(w, spec, gguf, dtype, rms_eps, rope_theta)
-    _write_tokenizer(w, spec.vocab_size)
+    write_tokenizer(w, spec.vocab_size)
     for t in tensor_inventory(spec):
         np_shape = tuple(reversed(t.shape))  # numpy is row-major: ne[0] is the last axis
         if len(t.shape) == 1 or not t.name.endswith("weight") or "ffn_gate_inp" in t.name:
@@ -110,7 +110,7 @@ def _write_metadata(w, spec: ModelSpec, gguf, dtype: str, rms_eps: float, rope_t
             w.add_expert_shared_feed_forward_length(spec.d_ff_shared)
 
 
-def _write_tokenizer(w, vocab_size: int) -> None:
+def write_tokenizer(w, vocab_size: int) -> None:
     """A SentencePiece-style vocab llama.cpp can load: specials, byte fallback, filler pieces."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [_UNKNOWN, _CONTROL, _CONTROL] + [_BYTE] * 256
@@ -144,85 +144,3 @@ def _write_tokenizer(w, vocab_size: int) -> None:
     w.add_eos_token_id(2)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-
-
-def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, preset, n_threads: int = 2, *,
-                  pure: bool = False, imatrix: dict | None = None) -> Path:
-    """Quantize ``src`` to ``dst`` with llama.cpp's llama_model_quantize (llama-cpp-python).
-
-    preset: a llama-quantize preset name or a quant.presets.Preset (its output_type and
-    token_embd_type are passed on).
-    pure: llama-quantize --pure (every quantizable tensor in the preset's base type).
-    imatrix: importance-matrix data, tensor name -> one float per column (ne[0] x experts), as
-    llama-imatrix writes it; ``uniform_imatrix(src)`` makes a neutral one. Presets that cannot be
-    made without an imatrix (IQ1/IQ2/IQ3_XXS, IQ3_XS, Q2_K_S), and Preset(..., imatrix=True), need it.
-    """
-    try:
-        import llama_cpp
-    except ImportError:
-        raise MissingDependencyError("llama-cpp-python", "quantizing with llama.cpp", extra="engine") from None
-    import ctypes
-
-    from ..quant.presets import Preset, resolve_quant
-    from ..quant.types import ggml_type
-
-    # a bare name means the preset here ("Q6_K" is llama-quantize's Q6_K); "type:"/"preset:" are kept
-    q = resolve_quant(preset if not isinstance(preset, str) or ":" in preset else "preset:" + preset)
-    if not isinstance(q, Preset):
-        raise NotSupportedError(f"quantize_gguf needs a llama-quantize preset, got {q.label}")
-    if q.imatrix and imatrix is None:
-        raise InvalidValueError(f"{q.label} is made with an importance matrix: pass imatrix= (uniform_imatrix(src) makes one)")
-    check_positive("n_threads", n_threads)
-    src, dst = Path(src), Path(dst)
-    if not src.is_file():
-        raise FileFormatError(f"{src}: no such GGUF file")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = q.info.ftype_id
-    params.nthread = int(n_threads)
-    params.pure = bool(pure)
-    if q.output_type:
-        params.output_tensor_type = ggml_type(q.output_type).type_id
-    if q.token_embd_type:
-        params.token_embedding_type = ggml_type(q.token_embd_type).type_id
-    keep = None
-    if imatrix is not None and q.imatrix is not False:
-        keep = _imatrix_array(imatrix)  # kept alive until llama.cpp returns
-        params.imatrix = ctypes.cast(keep[0], type(params.imatrix) if hasattr(type(params.imatrix), "contents") else ctypes.c_void_p)
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    del keep
-    if rc != 0:
-        raise FileFormatError(f"llama.cpp could not quantize {src} to {q.label} (llama_model_quantize returned {rc}; its log says why)")
-    return dst
-
-
-def uniform_imatrix(path: str | os.PathLike) -> dict:
-    """A neutral importance matrix (every column weighted 1) for each quantizable tensor of a GGUF."""
-    gguf, np = _import_gguf()
-    from ..quant.rules import allows_quantization
-
-    out = {}
-    for t in gguf.GGUFReader(str(path)).tensors:
-        shape = tuple(int(d) for d in t.shape)  # gguf-py lists ne[] order
-        if allows_quantization(t.name, shape):
-            experts = shape[2] if len(shape) > 2 else 1
-            out[t.name] = np.ones(shape[0] * experts, dtype=np.float32)
-    return out
-
-
-def _imatrix_array(imatrix: dict):
-    """A NULL-terminated C array of struct llama_model_imatrix_data {name, data, size}."""
-    import ctypes
-
-    class ImatrixData(ctypes.Structure):
-        _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.POINTER(ctypes.c_float)), ("size", ctypes.c_size_t)]
-
-    _, np = _import_gguf()
-    arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in imatrix.items()}
-    entries = (ImatrixData * (len(arrays) + 1))()
-    names = []
-    for e, (k, a) in zip(entries, arrays.items()):
-        names.append(k.encode())
-        e.name = names[-1]
-        e.data = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        e.size = a.size
-    return entries, arrays, names

@@ -77,9 +77,9 @@ def write_skeleton(spec: ModelSpec, path: str | os.PathLike, *, data: str = "non
     w = gguf.GGUFWriter(str(path), spec.arch)
     _write_hparams(w, spec)
     if tokenizer:
-        from ..models.gguf_writer import _write_tokenizer
+        from ..models.gguf_writer import write_tokenizer
 
-        _write_tokenizer(w, spec.vocab_size)
+        write_tokenizer(w, spec.vocab_size)
     tensors = tensor_inventory(spec)
     sizes = []
     for t in tensors:
