@@ -30,9 +30,10 @@ import statistics
 from dataclasses import replace
 from functools import cache, lru_cache
 from importlib import resources
+from typing import Any
 
 from ..errors import InvalidValueError, UnknownNameError, check_positive
-from ..hardware.device import Machine
+from ..hardware.device import Device, Machine
 from ..models.spec import ModelSpec
 from .placement import place
 from .speed import BANDWIDTH_ONLY, SpeedModel, decode_step_time, prefill_time
@@ -80,7 +81,10 @@ def row_machine(row: dict) -> Machine:
     if m:
         chip, cores = m.group(1), int(m.group(2))
         base = DEVICES[row["device_id"]] if row.get("device_id") else next(d for d in DEVICES.values() if d.name.startswith(f"Apple {chip} ("))
-        base_cores = int(re.search(r"\((\d+)-core", base.name).group(1))
+        bm = re.search(r"\((\d+)-core", base.name)
+        if bm is None:
+            raise InvalidValueError(f"catalog device {base.name!r} (for the row {name!r}) names no GPU core count, e.g. 'Apple M2 (10-core GPU)'")
+        base_cores = int(bm.group(1))
         f = cores / base_cores
         gpu = replace(base, name=name, fp16_tflops=base.fp16_tflops * f, fp32_tflops=(base.fp32_tflops or base.fp16_tflops) * f,
                       bandwidth_gbs=row["bandwidth_gbs"] or base.bandwidth_gbs, memory_gb=max(base.memory_gb, 16))
@@ -91,6 +95,13 @@ def row_machine(row: dict) -> Machine:
     gpu = DEVICES[dev_id]
     gpu = replace(gpu, backend=row["backend"], bandwidth_gbs=row["bandwidth_gbs"] or gpu.bandwidth_gbs)
     return Machine(name, gpu, load_hosts()["ddr5-dual"], 31.5)
+
+
+def _gpu_of(mc: Machine) -> Device:
+    """The machine's (first) GPU; every fitted row and -ngl pair is measured on one."""
+    if mc.gpu is None:
+        raise InvalidValueError(f"machine {mc.name!r} has no GPU; the llama-bench rows and -ngl pairs are GPU measurements")
+    return mc.gpu
 
 
 @cache
@@ -184,13 +195,14 @@ def _probes(rows: list[dict]) -> list[tuple]:
     out = []
     for r in rows:
         mc = row_machine(r)
+        gpu = _gpu_of(mc)
         p = place(model, mc, "preset:" + r["quant"], n_ctx=640)
         d = decode_step_time(p, mc, r["n_gen"] // 2, 1, SpeedModel("probe", decode_bw_eff=1.0))
         g = d["per_device"][1]
         f = prefill_time(p, mc, 512, SpeedModel("probe", prefill_compute_eff=1.0, attention_flops=True))
-        flops = f["total_s"] * mc.gpu.fp16_flops  # the prompt's FLOPs (weights, attention; the head once)
-        out.append((r, g["bytes"] / mc.gpu.bandwidth_bytes_per_s, g["bytes"], p.gpus[0].n_blocks, flops,
-                    shader_ops_per_s(mc.gpu), mc.gpu.fp16_flops, _float_share(model, p.scheme)))
+        flops = f["total_s"] * gpu.fp16_flops  # the prompt's FLOPs (weights, attention; the head once)
+        out.append((r, g["bytes"] / gpu.bandwidth_bytes_per_s, g["bytes"], p.gpus[0].n_blocks, flops,
+                    shader_ops_per_s(gpu), gpu.fp16_flops, _float_share(model, p.scheme)))
     return out
 
 
@@ -208,7 +220,7 @@ def _fit_backend(rows: list[dict], backend: str) -> dict:
     dec = [x for x in probes if x[0]["tg"]]
     # decode: t = max(t_bw / η, B / (κ·S)) + c · blocks; least absolute log error over a grid of (η, κ),
     # c the median of the residuals (robust: several submissions per card disagree by 10-20 %)
-    best = None
+    best: tuple[float, float, float | None, float] | None = None  # (error, η, κ, c)
     for kappa in KAPPA_GRID:
         for i in range(40, 91):  # η at most 0.9: no kernel streams at the full peak
             eta = i / 100
@@ -218,6 +230,7 @@ def _fit_backend(rows: list[dict], backend: str) -> dict:
             err = sum(abs(math.log((b + c * x[3]) * x[0]["tg"])) for x, b in zip(dec, base))
             if best is None or err < best[0] - 1e-12:
                 best = (err, eta, kappa, c)
+    assert best is not None  # KAPPA_GRID is not empty: the first (η, κ) always sets it
     # prefill: quantized weights at ζ·S, float weights at ε·P (where the backend has float rows)
     pre = [x for x in probes if x[0]["pp"]]
     quant = [x[4] * x[0]["pp"] / 512 / x[5] for x in pre if x[7] < 0.5]  # ζ: FLOP per integer op
@@ -271,7 +284,7 @@ def host_kv_layer_s() -> dict:
             p = place(model, mc, "preset:" + pair["quant"], n_ctx=640, n_gpu_layers=model.n_layers + 1, no_kv_offload=nk)
             t[nk] = decode_step_time(p, mc, 64, 1, base)["total_s"]
         extra = (1 / pair["tg128_nkvo"] - 1 / pair["tg128"]) - (t[True] - t[False])
-        each.setdefault(mc.gpu.backend, []).append(max(0.0, extra) / model.n_layers)
+        each.setdefault(_gpu_of(mc).backend, []).append(max(0.0, extra) / model.n_layers)
     return {b: statistics.median(v) for b, v in each.items()}
 
 
@@ -300,7 +313,7 @@ def host_attention_flops() -> float | None:
     return statistics.median(rates) if rates else None
 
 
-def _constants_for(k: dict, dev) -> dict:
+def _constants_for(k: dict[str, dict[str, Any]], dev: Device) -> dict[str, Any] | None:
     c = device_class(dev)
     return k.get(c) if c in k else k.get(dev.backend)
 

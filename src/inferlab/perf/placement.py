@@ -365,7 +365,9 @@ def place(
     if not _gpus_fit(best, fit_target_bytes) and not user_ctx:
         shrunk = _shrink_ctx(build, ngl_max, ctx, fit_ctx, fit_target_bytes)
         if shrunk is not None:
-            return _shrink_ctx(lambda n, c: build(n, c, True, True), ngl_max, ctx, fit_ctx, fit_target_bytes)
+            flagged = _shrink_ctx(lambda n, c: build(n, c, True, True), ngl_max, ctx, fit_ctx, fit_target_bytes)
+            assert flagged is not None  # the same search as `shrunk` (the flags only label the placement): it fits too
+            return flagged
         ctx, ctx_reduced = min(ctx, fit_ctx), ctx > fit_ctx
         best = build(ngl_max, ctx, True, ctx_reduced)
     if not _gpus_fit(best, fit_target_bytes) and gpus:
@@ -492,7 +494,7 @@ def _compute_layout(pre: _Prefix, L, ngl, order, shares, n_cpu_moe, no_kv_offloa
             start += blocks
         if out_on_gpu:  # the output layer is the last GPU layer
             d_out = 1 + max(g for g, c in enumerate(counts) if c)
-    out: list[_Share | None] = [None] * n_dev
+    out: dict[int, _Share] = {}  # device index -> its share (every index is filled below)
     held_back = 0.0  # routed experts of GPU blocks kept in host memory (--n-cpu-moe)
     p_block, p_expert, p_active = pre.block, pre.expert, pre.active_params
     p_kvf, p_kvs, p_attn = pre.kv_full, pre.kv_swa, pre.attn_flops
@@ -532,7 +534,7 @@ def _compute_layout(pre: _Prefix, L, ngl, order, shares, n_cpu_moe, no_kv_offloa
         # prompt-batch matmul runs on the first GPU, so that GPU reserves them too
         buffers = (2 if d == d_out or (d == 1 and d_out == 0) else 1) if (d == 0 or nblk or d == d_out) else 0
         out[d] = _Share(w, dense, exp, flops, kvf, kvs, att, nblk, d == d_out, buffers)
-    return tuple(out)
+    return tuple(out[d] for d in range(n_dev))
 
 
 def _build(model, machine, pre: _Prefix, scheme, label, n_ctx, kv_type, ngl, n_cpu_moe, tensor_split, no_kv_offload, n_seq, n_ubatch, fit_target,

@@ -15,7 +15,9 @@ on published llama-bench results (see calibration.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import InvalidValueError, check_positive
 from ..hardware.device import Device, Machine
@@ -23,23 +25,26 @@ from .placement import Placement
 
 OP_OFFLOAD_MIN_BATCH = 32  # llama.cpp CUDA: CPU-layer matmuls move to the GPU from this batch size
 
+DeviceRate = Callable[[Device, Placement], float]  # (device, placement) -> a rate (bytes/s or FLOP/s)
+OptionalDeviceRate = Callable[[Device, Placement], "float | None"]  # the same, None where the device has no such roof
+
 
 @dataclass(frozen=True)
 class SpeedModel:
     name: str
     decode_bw_eff: float = 0.7  # η: fraction of peak bandwidth decode kernels reach
-    decode_bw_eff_by_backend: dict = field(default_factory=dict)  # backend -> η (overrides)
+    decode_bw_eff_by_backend: dict[str, float] = field(default_factory=dict)  # backend -> η (overrides)
     prefill_compute_eff: float = 0.5  # fraction of peak FP16 throughput prefill reaches
-    prefill_compute_eff_by_backend: dict = field(default_factory=dict)
+    prefill_compute_eff_by_backend: dict[str, float] = field(default_factory=dict)
     decode_compute_eff: float = 0.5  # for batched decode on the compute roof
-    layer_overhead_s: dict = field(default_factory=dict)  # backend -> fixed seconds per block per step (launches, syncs)
-    cpu_decode_rate: object = None  # callable(device, ggml bytes) -> bytes/s limit of dequantize+dot on CPU cores, or None
-    cpu_layer_overhead: object = None  # callable(device) -> seconds per block per step on that CPU (else layer_overhead_s["cpu"])
-    cpu_prefill_rate: object = None  # callable(device, placement) -> FLOP/s of that CPU's prompt matmuls (else ε·P)
-    gpu_decode_rate: object = None  # callable(device, placement) -> bytes/s a GPU's mat-vec kernels can issue (a roof below η·β), or None
-    gpu_prefill_rate: object = None  # callable(device, placement) -> FLOP/s of a GPU's prompt matmuls (else ε·P), or None
-    device_class: object = None  # callable(device) -> a finer key than the backend ("cuda/turing") for the dicts above, or None
-    host_kv_layer_s: dict = field(default_factory=dict)  # backend -> seconds per GPU block per step when its KV cache is in host RAM (-nkvo)
+    layer_overhead_s: dict[str, float] = field(default_factory=dict)  # backend -> fixed seconds per block per step (launches, syncs)
+    cpu_decode_rate: DeviceRate | None = None  # callable(device, placement) -> bytes/s limit of dequantize+dot on CPU cores, or None
+    cpu_layer_overhead: Callable[[Device], float] | None = None  # callable(device) -> seconds per block per step on that CPU (else layer_overhead_s["cpu"])
+    cpu_prefill_rate: DeviceRate | None = None  # callable(device, placement) -> FLOP/s of that CPU's prompt matmuls (else ε·P)
+    gpu_decode_rate: OptionalDeviceRate | None = None  # callable(device, placement) -> bytes/s a GPU's mat-vec kernels can issue (a roof below η·β), or None
+    gpu_prefill_rate: OptionalDeviceRate | None = None  # callable(device, placement) -> FLOP/s of a GPU's prompt matmuls (else ε·P), or None
+    device_class: Callable[[Device], "str | None"] | None = None  # callable(device) -> a finer key than the backend ("cuda/turing") for the dicts above, or None
+    host_kv_layer_s: dict[str, float] = field(default_factory=dict)  # backend -> seconds per GPU block per step when its KV cache is in host RAM (-nkvo)
     host_attention_flops: float | None = None  # FLOP/s of prompt attention run on the host when the KV cache is in RAM (-nkvo); None: not modelled
     prefill_head_every_token: bool = True  # lesson: the output head runs for every prompt token; llama.cpp: the last only
     op_offload_transfers_per_ubatch: bool = False  # lesson: CPU weights cross PCIe once per prompt
@@ -47,11 +52,11 @@ class SpeedModel:
     attention_flops: bool = True  # count QK^T and AV FLOPs in prefill
     pcie_eff: float = 0.7  # fraction of the PCIe link's bandwidth weight copies reach
 
-    def key(self, dev: Device, table: dict) -> str:
+    def key(self, dev: Device, table: dict[str, float]) -> str:
         """The key of `table` that describes dev: its class (backend/generation) when the table has it, else its backend."""
         if self.device_class is not None:
             k = self.device_class(dev)
-            if k in table:
+            if k is not None and k in table:
                 return k
         return dev.backend
 
@@ -91,7 +96,7 @@ def _layer_overhead_s(model: SpeedModel, hw: Device) -> float:
     return model.layer_overhead_s.get(model.key(hw, model.layer_overhead_s), 0.0)
 
 
-def decode_step_time(placement: Placement, machine: Machine, context: int, batch: int = 1, model: SpeedModel = BANDWIDTH_ONLY) -> dict:
+def decode_step_time(placement: Placement, machine: Machine, context: int, batch: int = 1, model: SpeedModel = BANDWIDTH_ONLY) -> dict[str, Any]:
     """Seconds for one decode step of `batch` sequences at `context` cached tokens each.
 
     Returns total_s, tok_per_s (tokens generated per second, all sequences), gpu_s, cpu_s,
@@ -106,9 +111,8 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
     frac = expert_read_fraction(spec.n_experts, spec.n_experts_used, batch)
     swa_ctx = min(context, spec.sliding_window or context)  # sliding-window layers read at most the window
     cpu_rate = model.cpu_decode_rate
-    per = []
+    per: list[dict[str, Any]] = []
     total = 0.0
-    slow = None
     for d, hw in zip(placement.devices, _hw(placement, machine)):
         weights = d.dense_read_bytes + d.expert_bytes * frac  # weights read once for the whole batch
         kv = batch * (d.kv_full_bytes_per_token * context + d.kv_swa_bytes_per_token * swa_ctx)  # every sequence reads its own cache
@@ -142,8 +146,7 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
                  "bound": "compute" if comp_s > mem_s else ("cpu-kernels" if kernel_bound and hw.is_cpu else "memory")}
         per.append(p)
         total += p["s"]
-        if slow is None or p["s"] > slow["s"]:
-            slow = p
+    slow = max(per, key=lambda p: p["s"])  # the first of the slowest devices
     cpu_s = per[0]["s"]
     gpu_s = total - cpu_s
     if cpu_s > 0.5 * total and len(per) > 1:
@@ -178,7 +181,7 @@ def check_kv_room(placement: Placement, context: int, batch: int = 1) -> None:
         f"{need / 1e9:.2f} GB: raise -c to at least {cells:,}, or lower the batch or the context")
 
 
-def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: SpeedModel = BANDWIDTH_ONLY, context: int = 0) -> dict:
+def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: SpeedModel = BANDWIDTH_ONLY, context: int = 0) -> dict[str, Any]:
     """Seconds to process a prompt of n_tokens (after `context` cached tokens).
 
     GPU layers compute at ε·P of their GPU. CPU layers compute on the CPU, unless op offload
@@ -193,7 +196,7 @@ def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: S
     n_ub = math.ceil(n_tokens / model.n_ubatch)
     ub = min(n_tokens, model.n_ubatch)
     avg_ctx = context + n_tokens / 2 if model.attention_flops else 0  # mean cached tokens a prompt token attends to
-    per = []
+    per: list[dict[str, Any]] = []
     pcie_s = 0.0
     head = 2.0 * placement.model.vocab_size * placement.model.d_model  # FLOPs of the output head per token
     for d, h in zip(placement.devices, hw):
