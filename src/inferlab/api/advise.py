@@ -19,7 +19,7 @@ from ..advise.commands import EngineCommand, llama_server, sglang_server, vllm_s
 from ..advise.lora import LoraCost, lora_cost
 from ..advise.rank import RankedPlacement, rank_placements
 from ..advise.speculative import SpeculativeEstimate, speculative_estimate
-from ..errors import InvalidValueError, check_positive
+from ..errors import InvalidValueError, NotSupportedError, check_positive
 from ..perf.placement import GB, place
 from ..perf.speed import decode_step_time
 from ..quant.plan import effective_bpw
@@ -193,6 +193,7 @@ def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, 
             reasons.append("MoE: attention and shared weights stay on the GPU, experts of the first blocks go to RAM (--n-cpu-moe)")
     else:
         chosen = "sglang" if recipe == "shared-prefix" else ("llamacpp" if recipe == "fits-one-user" else "vllm")
+        assert full is not None  # these recipes need `fits`, which needs the full-offload placement
         d = decode_step_time(full, m, max(1, n_ctx // 2), 1, setup.speed)
         cmd = llama_server(spec, qlabel, n_gpu_layers=L + 1, ctx=n_ctx * users, flash_attn="on",
                            n_parallel=users if users > 1 else None, kv_unified=users > 1)
@@ -211,6 +212,8 @@ def advise(model: Any, machine: Any, *, users: int = 1, ctx: int | None = None, 
                           max_num_seqs=max(users, 1) if users > 1 else None, reports=(vp.log_line,),
                           notes=(f"loads {qwhat}",))
         sk = engine_kv_type("sglang", "fp8") if users > 1 else "auto"
+        if sk is None:  # kv/pool.KV_ALIASES names it (fp8_e4m3)
+            raise NotSupportedError("SGLang has no fp8 KV cache type in kv.pool.KV_ALIASES; add its --kv-cache-dtype name there")
         sp = sglang_pool(spec, m, setup.scheme, sk, context_length=n_ctx)
         scmd = sglang_server(spec, mem_fraction_static=round(sp.mem_fraction_static, 2), context_length=n_ctx,
                              schedule_policy="lpm" if shared_prefix > 0 else None, kv_cache_dtype=sk, quantization=qflag,

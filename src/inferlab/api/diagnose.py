@@ -56,7 +56,7 @@ class DiagnosisReport(Report):
     notes: tuple[str, ...]
 
 
-def _int(flags: dict, key: str, default):
+def _int(flags: dict[str, Any], key: str, default: Any) -> Any:
     v = flags.get(key)
     if v is None:
         return default
@@ -64,6 +64,16 @@ def _int(flags: dict, key: str, default):
         return int(v)
     except (TypeError, ValueError):
         raise InvalidValueError(f"{key} must be an integer, got {v!r}") from None
+
+
+def _float(flags: dict[str, Any], key: str, default: Any) -> Any:
+    v = flags.get(key)
+    if v is None:
+        return default
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise InvalidValueError(f"{key} must be a number, got {v!r}") from None
 
 
 def _tok(p: Placement, setup, ctx_at: int) -> float | None:
@@ -141,7 +151,7 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
         findings.append(Finding(row, s, c, f, evidence, tuple(effects)))
 
     def variant(**kw) -> Placement:
-        args = dict(n_ctx=p.n_ctx, kv_type=p.kv_type, n_gpu_layers=None)
+        args: dict[str, Any] = dict(n_ctx=p.n_ctx, kv_type=p.kv_type, n_gpu_layers=None)
         args.update(kw)
         return place(spec, m, setup.scheme, args["n_ctx"], args["kv_type"], args["n_gpu_layers"], n_cpu_moe=kw.get("n_cpu_moe", 0))
 
@@ -149,10 +159,11 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
         return f"{label}: -ngl {p.n_gpu_layers} → {q.n_gpu_layers}, {_fmt(pred)} → {_fmt(_tok(q, setup, ctx_at))}"
 
     err_rows = rows_for_error(error) if error else ()
+    error_head = error[:120] if error else ""  # quoted in evidence (err_rows is empty without an error)
     # 1. does it load at all
     gpu_short = [d for d in p.gpus if d.free_bytes < 1024 * 2**20]
     if engine == "vllm" and m.gpus:
-        util = float(parsed.get("--gpu-memory-utilization", 0.92))
+        util = _float(parsed, "--gpu-memory-utilization", 0.92)
         vp = vllm_pool(spec, m, setup.scheme, str(parsed.get("--kv-cache-dtype", "auto")), ctx, gpu_memory_utilization=util)
         if vp.num_blocks < -(-ctx // 16):
             add("allocation-failure", f"vLLM: {vp.kv_bytes / GB:.2f} GB left for KV after weights and reservations, "
@@ -163,15 +174,16 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
         from ..kv.pool import sglang_pool
 
         frac = parsed.get("--mem-fraction-static")
-        sp = sglang_pool(spec, m, setup.scheme, "auto", mem_fraction_static=float(frac) if frac else None, context_length=ctx)
+        sp = sglang_pool(spec, m, setup.scheme, "auto", mem_fraction_static=_float(parsed, "--mem-fraction-static", None) if frac else None,
+                         context_length=ctx)
         if sp.max_total_num_tokens < ctx:
             add("allocation-failure", f"SGLang: mem_fraction_static {sp.mem_fraction_static} x {sp.total_bytes / GB:.1f} GB leaves "
                                       f"{max(sp.kv_bytes, 0) / GB:.2f} GB after {sp.weights_bytes / GB:.2f} GB of weights: "
                                       f"{sp.max_total_num_tokens:,} tokens, fewer than one {ctx:,}-token request",
                 (f"--context-length {max(sp.max_total_num_tokens, 0):,}", "a smaller (quantized) checkpoint"))
         notes.append(sp.log_line)
-    if engine == "vllm" and "allocation-failure" in err_rows and float(parsed.get("--gpu-memory-utilization", 0.92)) > 0.85:
-        add("allocation-failure", f"error: {error[:120]}",
+    if engine == "vllm" and "allocation-failure" in err_rows and _float(parsed, "--gpu-memory-utilization", 0.92) > 0.85:
+        add("allocation-failure", f"error: {error_head}",
             (f"--gpu-memory-utilization 0.85: leaves {0.15 * sum(d_.capacity_bytes for d_ in p.gpus) / GB:.1f} GB for the desktop "
              "and other processes",))
     if (gpu_short and engine == "llamacpp") or ("allocation-failure" in err_rows and engine == "llamacpp"):
@@ -181,7 +193,7 @@ def diagnose(model: Any, machine: Any, *, flags: str | list[str] | None = None, 
             half = variant(n_ctx=max(256, p.n_ctx // 2))
             eff.append(effect(f"-c {half.n_ctx}", half))
         add("allocation-failure", "; ".join(d.name + f" needs {d.total_bytes / GB:.2f} GB of {d.capacity_bytes / GB:.2f} GB"
-                                            for d in gpu_short) or f"error: {error[:120]}", eff)
+                                            for d in gpu_short) or f"error: {error_head}", eff)
     host_need = p.cpu_total if not m.unified else sum(d.total_bytes for d in p.devices)
     if host_need > m.ram.memory_gb * GB or "disk-paging" in err_rows:
         add("disk-paging", f"host memory needs {host_need / GB:.1f} GB, the machine has {m.ram.memory_gb:.0f} GB")
