@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import MissingDependencyError
 from ..fileio import atomic_write, check_output_path
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FORMATS = ("png", "svg")
 FIGSIZE_IN = (12.0, 7.2)  # inches
@@ -38,7 +42,8 @@ def pyplot():
     return plt
 
 
-def new_figure(nrows: int = 1, ncols: int = 1, **kw):
+def new_figure(nrows: int = 1, ncols: int = 1, **kw: Any) -> tuple[Figure, Any]:
+    """A figure of the fixed size and its axes: one Axes for 1 x 1, else an array of them (plt.subplots)."""
     plt = pyplot()
     fig, axes = plt.subplots(nrows, ncols, figsize=FIGSIZE_IN, dpi=DPI, **kw)
     return fig, axes

@@ -4,8 +4,12 @@ weight matmuls, attention and whole decode/prefill steps sit."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, cast
 
 from . import new_figure, save
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 _MARKERS = {("weights", "decode"): "v", ("weights", "prefill"): "^", ("attention", "decode"): "s", ("attention", "prefill"): "D",
             ("model", "decode"): "o", ("model", "prefill"): "P"}
@@ -14,11 +18,12 @@ _COLORS = {"decode": "#d62728", "prefill": "#1f77b4"}
 
 def figure(report):
     r = report
-    fig, ax = new_figure()
+    fig, axes = new_figure()
+    ax = cast("Axes", axes)  # one row, one column: a single Axes
     xs = [p.intensity_flop_per_byte for p in r.points] + [x.ridge_flop_per_byte for x in r.roofs]
     lo, hi = max(min(xs) / 4, 1e-2), max(xs) * 4
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    for k, x in enumerate(r.roofs):
+    for x in r.roofs:
         style = "-" if x.device == r.device else ":"
         ax.plot(grid, [min(x.peak_flops, i * x.bandwidth_bytes_per_s) / 1e12 for i in grid], style, linewidth=2.2 if style == "-" else 1.2,
                 label=f"{x.device}: {x.peak_flops / 1e12:.3g} TFLOP/s, {x.bandwidth_bytes_per_s / 1e9:.4g} GB/s")
