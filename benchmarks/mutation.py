@@ -75,6 +75,16 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "_advance runs only after a match floored to a page boundary inside an edge, which then splits; the "
         "edge's remainder diverges from the prompt within its first page, so the next lookup from the cursor "
         "finds no child either way (unless the prompt repeats that page elsewhere) and insert slices by `matched`",
+    ("perf/placement.py", "used = model.n_experts_used / model.n_experts if model.is_moe else 1.0", "const +1"):
+        "the share multiplies expert tensors only, and a model that is not MoE has none",
+    ("perf/speed.py", 'if slow is None or p["s"] > slow["s"]:', "cmp Gt->GtE"):
+        "on a tie the first or the last of the equally slow devices names the bottleneck: both are the slowest",
+    ("quant/plan.py", "if len(_FILE_PLANS) > 64:", "const -1"): "the memo's size bound: a smaller memo computes the same plans",
+    ("quant/plan.py", "if len(_FILE_PLANS) > 64:", "const +1"): "the memo's size bound: a larger memo computes the same plans",
+    ("quant/plan.py", "if len(_FILE_PLANS) > 64:", "cmp Gt->GtE"): "the memo's size bound, one entry fewer: the same plans",
+    ("perf/placement.py", "if len(pre.memo) > 4096:", "const -1"): "the memo's size bound: the same layouts",
+    ("perf/placement.py", "if len(pre.memo) > 4096:", "const +1"): "the memo's size bound: the same layouts",
+    ("perf/placement.py", "if len(pre.memo) > 4096:", "cmp Gt->GtE"): "the memo's size bound: the same layouts",
     ("runtime/tokenizer.py", "for k in range(1, len(merged)):", "const -1"):
         "the split at 0 pairs the empty piece with the whole one; no vocabulary holds the empty piece",
     ("runtime/tokenizer.py", "found.sort(key=lambda m: m[:3])", "const +1"):

@@ -175,6 +175,9 @@ def test_the_allocated_cache_bounds_batch_times_context():
         check_kv_room(p, 2049)
     with pytest.raises(InvalidValueError, match="2,050 cached tokens"):
         check_kv_room(p, 1025, 2)
+    for bad in (0, True, 2.0):
+        with pytest.raises(InvalidValueError, match="batch must be an integer >= 1"):
+            check_kv_room(p, 10, bad)
 
 
 def test_the_bottleneck_sentence_gives_the_bytes_read_in_gb():

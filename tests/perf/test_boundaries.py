@@ -220,6 +220,7 @@ def test_two_gpus_split_layers_by_memory_as_llama_cpp_does():
     p = place(DENSE, two, F32, 1024, n_gpu_layers=5)
     host, g0, g1 = p.devices
     assert (host.n_blocks, g0.n_blocks, g1.n_blocks) == (0, 3, 1)
+    assert (g0.name, g1.name) == ("toy GPU", "toy GPU 2")  # in the machine's order
     assert g1.has_output and not g0.has_output
     assert g0.weights_bytes == 3 * BLOCK_BYTES and g1.weights_bytes == BLOCK_BYTES + HEAD_BYTES
     assert g0.kv_bytes == 3 * KV_BLOCK and g1.kv_bytes == KV_BLOCK
@@ -229,9 +230,14 @@ def test_two_gpus_split_layers_by_memory_as_llama_cpp_does():
 
 
 def test_kv_size_defaults_are_one_sequence_and_a_512_token_micro_batch():
-    # without n_seq / n_ubatch: one sequence, -ub 512: pad256(128 + 512) = 768 cells per windowed block
+    # without n_seq / n_ubatch: one sequence, -ub 512: pad256(128 + 512) = 768 cells per windowed block;
+    # a 256-token window: 256 + 512 = 768 for one sequence (two would need 1,024)
     swa = replace(DENSE, name="toy-swa", sliding_window=128, swa_layers=(True, False, True, False))
     assert swa_cache_tokens(swa, 4096) == 768
+    w256 = replace(swa, sliding_window=256)
+    assert swa_cache_tokens(w256, 4096) == 768 and swa_cache_tokens(w256, 4096, 2) == 1024
+    assert layer_kv_bytes(w256, 4096) == (512 * 768, 512 * 4096, 512 * 768, 512 * 4096)
+    assert kv_cache_bytes(w256, 4096) == 2 * 512 * 768 + 2 * 512 * 4096
     assert layer_kv_bytes(swa, 4096) == (512 * 768, 512 * 4096, 512 * 768, 512 * 4096)
     assert layer_kv_bytes(swa, 4096, "q8_0") == tuple(x / 2 * 34 / 32 for x in (512 * 768, 512 * 4096, 512 * 768, 512 * 4096))
     assert kv_cache_bytes(swa, 4096) == 2 * 512 * 768 + 2 * 512 * 4096
