@@ -18,6 +18,11 @@ benchmarks/results/bench_web.json with the raw latencies.
 
 The client is plain asyncio streams (no HTTP library) so that it takes little of the CPU the
 server is measured on; client and server share this machine's cores.
+
+Measured 2026-12-01 under flock on the project's shared 2-core VM, 32 clients: calculator 7,522
+req/s, p50 3.8 / p95 7.2 / p99 8.1 ms for settings asked before; 1,644 req/s, p50 15.5 / p95 34.8 /
+p99 114 ms with every setting new (an earlier run: p95 29.9 ms); simulator 3,557 req/s remembered,
+109 req/s (p95 152 ms) with a pool of its own each; 0 errors in 12,900 requests.
 """
 
 from __future__ import annotations
