@@ -122,3 +122,23 @@ def test_simulated_pools_are_the_engines_own_accounting_as_capacity_reports_it()
     assert s.mem_fraction_static == round((mib - reserved) / mib, 3)
     c = capacity("llama-3.1-8b", "rtx4090", engine="vllm", quant="Q4_K_M").to_dict()["pool"]
     assert c["num_blocks"] == v.num_blocks and c["block_size"] * c["num_blocks"] == rep.run("vllm").capacity_tokens
+
+
+def test_the_service_layer_gives_each_runs_own_events():
+    """api.simulate(record_events=True): each engine's per-step events in its report's JSON; the
+    events count what the summary counts (finishes, preemptions) and the run is the same run."""
+    from inferlab.api import simulate
+    from inferlab.kv.workloads import seed_chat
+
+    rep = simulate(seed_chat(), capacity_tokens=384, record_events=True)
+    plain = simulate(seed_chat(), capacity_tokens=384)
+    d = rep.to_dict()
+    for run, base, js in zip(rep.runs, plain.runs, d["runs"]):
+        assert run.events is not None and js["events"] == list(run.events)
+        kinds = [e["kind"] for step in run.events for e in step["events"]]
+        assert kinds.count("finish") == run.summary["finished"] == 8  # the seed workload's 8 requests
+        assert kinds.count("preempt") == run.summary["preemptions"]
+        assert [s["step"] for s in run.events] == list(range(1, run.summary["steps"] + 1))
+        assert {k: v for k, v in run.summary.items() if k != "kv_mean_tokens"} == \
+               {k: v for k, v in base.summary.items() if k != "kv_mean_tokens"}
+    assert all(r.events is None for r in plain.runs) and all(js["events"] is None for js in plain.to_dict()["runs"])

@@ -32,6 +32,7 @@ class EngineRun:
     time_model: str | None
     config: dict[str, Any]
     summary: dict[str, Any]
+    events: tuple[dict[str, Any], ...] | None = None  # per-step events (kv.events, as dicts) when asked for: what each step did to the cache
     _run: Run | None = None  # the simulator's full result (records, timeline): not in to_dict()
 
 
@@ -68,13 +69,15 @@ def simulate(requests: Iterable[Request], *, engines: str | Iterable[str] = ("ll
              capacity_tokens: int | None = None, model: Any = None, machine: Any = None, quant: str = "Q4_K_M",
              kv_type: str = "f16", speed: Any = "calibrated", timed: bool | None = None,
              engine_options: Mapping[str, Mapping[str, Any]] | None = None, workload: str = "",
-             record_timeline: bool = False, progress: Callable[[str, int, int, float], None] | None = None) -> SimReport:
+             record_timeline: bool = False, record_events: bool = False, progress: Callable[[str, int, int, float], None] | None = None) -> SimReport:
     """Serve ``requests`` with each engine and report its summary.
 
     ``capacity_tokens``: the KV pool of every engine, in tokens; or ``model`` and ``machine``
     (names or objects): each engine's pool by its own rule (kv.pool) on the placement it runs with,
     and (``timed``, default on with a model) its step times priced on that same placement.
     ``engine_options``: per engine, keyword options of its manager (``{"vllm": {"block_size": 32}}``).
+    ``record_events``: each run's per-step events (admissions, allocations with block ids and hashes,
+    prefix hits, evictions, preemptions, finishes), as the simulator recorded them.
     """
     from ..errors import check_positive
     from ..kv.pool import engine_placement, kv_pool_tokens
@@ -125,10 +128,12 @@ def simulate(requests: Iterable[Request], *, engines: str | Iterable[str] = ("ll
         tm = TimeModel.from_placement(placement, mc, speed) if timed and placement is not None else None
         manager = manager_class(e)(capacity_tokens=cap, **{k: v for k, v in opts[e].items() if v is not None})
         cb = (lambda done, total, now, _e=e: progress(_e, done, total, now)) if progress else None
-        run = run_sim(reqs, manager, tm, progress=cb, record_timeline=record_timeline)
+        run = run_sim(reqs, manager, tm, progress=cb, record_timeline=record_timeline, record_events=record_events)
         runs.append(EngineRun(e, cap, "given" if capacity_tokens is not None else f"{e}'s rule on its placement (kv.pool)",
                               placement.n_gpu_layers if placement is not None else None, tm.name if tm else None,
-                              dict(run.config), dict(run.summary), run))
+                              dict(run.config), dict(run.summary),
+                              tuple(e.to_dict() for e in run.events) if record_events and run.events is not None else None,
+                              run))
     return SimReport(workload=workload, n_requests=len(reqs), prompt_tokens=sum(len(r.prompt) for r in reqs),
                      time_unit="s" if any(r.time_model for r in runs) else "step",
                      model=spec.name if spec else None, machine=mc.name if mc else None,
