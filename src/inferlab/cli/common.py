@@ -25,6 +25,12 @@ def resolve_machine(name: str, lesson: bool = False):
 _CONTROL = {c: None for c in range(32) if c not in (9, 10)} | {127: None} | {c: None for c in range(0x80, 0xA0)}
 
 
+def strip_control(text: object) -> str:
+    """Text for the terminal without rich: control characters (escape sequences) dropped, newlines
+    and tabs kept (generated text streamed raw)."""
+    return str(text).translate(_CONTROL)
+
+
 def safe(text: object) -> str:
     """Text for the terminal: control characters (escape sequences) from a file or a model dropped,
     rich markup escaped."""

@@ -66,12 +66,17 @@ _dtype_opt = click.option("--dtype", type=click.Choice(["float32", "bfloat16", "
 @click.option("--json", "as_json", is_flag=True, help="Print prompt ids, generated ids, text and timings as JSON.")
 @_device_opt
 @_dtype_opt
-def run(model, prompt, max_tokens, temperature, top_k, top_p, seed, raw, cache, as_json, device, dtype):
+@click.pass_context
+def run(ctx, model, prompt, max_tokens, temperature, top_k, top_p, seed, raw, cache, as_json, device, dtype):
     """Generate from a GGUF with inferlab's torch runtime: streamed text, TTFT, decode tok/s."""
     _need_torch()
     from ..runtime.generate import SamplingParams, generate
+    from .common import strip_control, warn_ignored
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if sampling.greedy:
+        warn_ignored(ctx, {k: "--temperature 0 is greedy (argmax); sampling options apply with --temperature > 0"
+                           for k in ("top_k", "top_p", "seed")})
     if not prompt:
         raise InvalidValueError("the prompt is empty: give some text")
     llm, tok = _load(model, device, dtype, None)
@@ -87,7 +92,7 @@ def run(model, prompt, max_tokens, temperature, top_k, top_p, seed, raw, cache, 
             return
         full = tok.decode(out_ids, skip_special=True)
         if not full.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-            sys.stdout.write(full[len(shown[0]):])
+            sys.stdout.write(strip_control(full[len(shown[0]):]))  # a model's output may hold escape sequences
             sys.stdout.flush()
             shown[0] = full
 
@@ -106,6 +111,9 @@ def run(model, prompt, max_tokens, temperature, top_k, top_p, seed, raw, cache, 
                err=True)
 
 
+PLOT_SUFFIXES = (".png", ".svg")
+
+
 @click.command("profile")
 @click.argument("model")
 @click.option("--ctx", "ctx", default="64,128,256", show_default=True, help="Context lengths (prompt tokens), comma-separated.")
@@ -117,14 +125,18 @@ def run(model, prompt, max_tokens, temperature, top_k, top_p, seed, raw, cache, 
 @click.option("--quality/--no-quality", default=True, show_default=True,
               help="Measure int8/window quality cost (top-1, KL, perplexity) on a real text.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None, help="Write TTFT/step-time charts to FILE (png).")
+@click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None, help="Write TTFT/step-time charts to FILE (.png or .svg).")
 @_device_opt
 @_dtype_opt
 def profile(model, ctx, batch, caches, new_tokens, no_naive, quality, as_json, plot, device, dtype):
     """The KV-cache case study's sweep on MODEL (a GGUF, or 'small' for its SmallTransformer),
     each figure beside perf_model's prediction."""
     _need_torch()
+    from ..fileio import check_output_path
     from ..runtime.device import device_name, select_device
+
+    if plot:
+        check_output_path(plot, PLOT_SUFFIXES, what="--plot")  # before the sweep, not after it
     from ..runtime.kv_cache import CacheSpec
     from ..runtime.predict import Predictor
     from ..runtime.profile import ProfileReport, profile_model
@@ -186,8 +198,10 @@ def _print_report(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from .common import safe
+
     console = Console(width=None if sys.stdout.isatty() else 200)  # pipes get the full table
-    console.print(f"[bold]{report.model}[/] on {report.device}, {report.weight_dtype} weights")
+    console.print(f"[bold]{safe(report.model)}[/] on {safe(report.device)}, {report.weight_dtype} weights")
     t = Table(title="Naive vs cached (ms); pred = perf_model, err = (pred - measured) / measured")
     for col in ("ctx", "B", "cache", "naive TTFT", "naive step", "pred", "prefill", "pred", "err", "step", "pred", "err",
                 "speedup", "tok/s", "GB/s"):
@@ -249,5 +263,9 @@ def _plot(report, path: str) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"{report.model} on {report.device}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from ..fileio import atomic_write
+
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, dpi=120, format=str(path).rsplit(".", 1)[-1].lower()))
+    finally:
+        plt.close(fig)

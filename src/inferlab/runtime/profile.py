@@ -5,7 +5,9 @@ activations, and perf_model's prediction with its error beside each measurement.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import torch
 
@@ -96,7 +98,8 @@ def _check_memory(model, tokens: int, batch: int) -> None:
     machine's memory (a typo like --batch 99999999999 asked torch for 6.4 TB)."""
     import os
 
-    per_token = getattr(model.config, "kv_bytes_per_token", None)
+    # the config's kv_bytes_per_token(dtype_bytes) (small_transformer, gguf_weights), when it has one
+    per_token = cast("Callable[[int], int] | None", getattr(model.config, "kv_bytes_per_token", None))
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
