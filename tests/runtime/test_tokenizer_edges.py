@@ -74,3 +74,28 @@ def test_prompt_ids_at_the_ends_of_the_vocabulary():
             check_prompt_ids(bad, 10)
     with pytest.raises(InvalidValueError, match="empty"):
         check_prompt_ids([], 10)
+
+
+def test_token_list_must_be_an_array_of_strings(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_string("tokenizer.ggml.tokens", "abc")  # a string, not an array
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(FileFormatError, match="must be an array of strings"):
+        tokenizer_from_gguf(open_gguf(tmp_path / "t.gguf"))
+
+
+def test_chat_template_is_applied_when_the_file_has_one(tmp_path):
+    from inferlab.errors import NotSupportedError
+
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    path = _write(tmp_path / "t.gguf", "llama", SPM_TOKENS, types=SPM_TYPES, scores=SPM_SCORES,
+                  extra={"tokenizer.chat_template": ("string", template)})
+    tok = tokenizer_from_gguf(open_gguf(path))
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=False) == "<user>hi"
+    plain = tokenizer_from_gguf(open_gguf(_write(tmp_path / "u.gguf", "llama", SPM_TOKENS, types=SPM_TYPES, scores=SPM_SCORES)))
+    with pytest.raises(NotSupportedError, match="no tokenizer.chat_template"):
+        plain.apply_chat_template([{"role": "user", "content": "hi"}])
