@@ -25,6 +25,18 @@ def resolve_machine(name: str, lesson: bool = False):
 _CONTROL = {c: None for c in range(32) if c not in (9, 10)} | {127: None} | {c: None for c in range(0x80, 0xA0)}
 
 
+def table_console():
+    """A rich Console for tables: on a terminal its width; into a pipe or a file wide enough that
+    no id or header is cut to fit 80 columns (COLUMNS still wins when set)."""
+    import os
+    import sys
+
+    from rich.console import Console
+
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(width=10_000 if piped else None)
+
+
 def strip_control(text: object) -> str:
     """Text for the terminal without rich: control characters (escape sequences) dropped, newlines
     and tabs kept (generated text streamed raw)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import bar, echo_json, safe
+from .common import bar, echo_json, safe, table_console
 
 GB = 1e9
 EXIT_DOES_NOT_FIT = 1  # `inferlab fit` exits 1 when the configuration does not fit (2 is bad input)
@@ -106,10 +106,11 @@ def models(as_json):
 
     t = Table(header_style="bold", show_edge=False)
     for c in ("id", "name", "arch", "params", "active", "layers", "trained ctx"):
-        t.add_column(c, justify="right" if c in ("params", "active", "layers", "trained ctx") else "left")
+        t.add_column(c, justify="right" if c in ("params", "active", "layers", "trained ctx") else "left",
+                     no_wrap=c in ("id", "params", "active"))  # ids whole; names wrap
     for r in rows:
         t.add_row(r["id"], r["name"], r["arch"], f"{r['params_b']:.2f}B", f"{r['active_params_b']:.2f}B", str(r["layers"]), str(r["n_ctx_train"]))
-    Console().print(t)
+    table_console().print(t)
 
 
 @click.command()
@@ -133,8 +134,8 @@ def machines(as_json):
 
     t = Table(header_style="bold", show_edge=False)
     for c in ("id", "name", "backend", "GPU GB", "GPU GB/s", "FP16 TFLOP/s", "RAM GB/s", "PCIe GB/s"):
-        t.add_column(c, justify="left" if c in ("id", "name", "backend") else "right")
+        t.add_column(c, justify="left" if c in ("id", "name", "backend") else "right", no_wrap=c == "id")  # ids whole
     for r in rows:
         t.add_row(r["id"], r["name"], r["backend"], f"{r['gpu_memory_gb']:g}", f"{r['gpu_bandwidth_gbs'] or 0:g}", f"{r['gpu_fp16_tflops'] or 0:g}",
                   f"{r['ram_bandwidth_gbs']:g}", "unified" if r["unified"] else f"{r['pcie_gbs']:g}")
-    Console().print(t)
+    table_console().print(t)
