@@ -49,6 +49,11 @@ CTX_PAD = 256  # llama_context: GGML_PAD(n_ctx, 256), and n_ctx_seq likewise wit
 DEFAULT_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
 DEFAULT_N_LAYERS = 32
 CONTEXT_EXCEEDED = "Context size has been exceeded."
+STARTED, PROCESSING_PROMPT, GENERATING = SlotState.STARTED, SlotState.PROCESSING_PROMPT, SlotState.GENERATING
+
+
+def _slot_id(s: Slot) -> int:
+    return s.id
 
 
 def pad(n: int, to: int = CTX_PAD) -> int:
@@ -139,7 +144,7 @@ class SlotManager(KVManager):
         self.clock = 0  # stands for ggml_time_us() at releases: only the order matters
         self.n_prompt = self.n_prompt_cached = 0
         self.ram_loaded_tokens = 0
-        self.launches: list[tuple[Any, int]] = []  # (request id, slot id), in launch order
+        self.launches: dict[Any, int] = {}  # request id -> the slot it was launched in, in launch order
 
     def config(self) -> dict[str, Any]:
         return {"engine": "llamacpp", "version": self.version, "capacity_tokens": self.capacity_tokens,
@@ -151,29 +156,45 @@ class SlotManager(KVManager):
                 "cache_idle_slots": self.cache_idle_slots, "n_batch": self.n_batch, "cache_reuse": self.cache_reuse}
 
     # ---------------------------------------------------------------- accounting
+    # (plain loops over the slots: these run after every step; a slot has a task iff it is busy)
     @property
     def num_running(self) -> int:
-        return sum(1 for s in self.slots if s.is_processing())
+        n = 0
+        for s in self.slots:
+            if s.task is not None:
+                n += 1
+        return n
 
     @property
     def num_waiting(self) -> int:
         return len(self.queue) + len(self.deferred)
 
     def kv_used_tokens(self) -> int:
-        return sum(s.n_tokens for s in self.slots if s.is_processing())
+        n = 0
+        for s in self.slots:
+            if s.task is not None:
+                n += s.n_tokens
+        return n
 
     def kv_cached_tokens(self) -> int:
-        return sum(s.n_tokens for s in self.slots if not s.is_processing())
+        n = 0
+        for s in self.slots:
+            if s.task is None:
+                n += s.n_tokens
+        return n
 
     def hit_rate(self) -> float | None:
         return self.n_prompt_cached / self.n_prompt if self.n_prompt else None
 
     def slot_of(self, request_id: Any) -> int | None:
         """The slot the request was launched in (the response's ``id_slot``)."""
-        return next((sid for rid, sid in self.launches if rid == request_id), None)
+        return self.launches.get(request_id)
 
     def _free_cells(self) -> int:
-        return self.capacity_tokens - sum(s.n_tokens for s in self.slots)
+        free = self.capacity_tokens
+        for s in self.slots:
+            free -= s.n_tokens
+        return free
 
     # ---------------------------------------------------------------- host-RAM prompt cache
     def _state_bytes(self, n_tokens: int) -> int:
@@ -253,7 +274,7 @@ class SlotManager(KVManager):
                 continue
             slot.task = SlotTask(seq, slot.id)  # launch_slot_with_task
             slot.state = SlotState.STARTED
-            self.launches.append((seq.req.id, slot.id))
+            self.launches[seq.req.id] = slot.id
             if self.cache_idle_slots:
                 for s in self.slots:
                     if not s.is_processing():
@@ -320,22 +341,26 @@ class SlotManager(KVManager):
     # ---------------------------------------------------------------- the loop
     def step(self, now: float) -> StepStats:
         st = StepStats()
-        self._process_new_tasks()
-        if not any(s.is_processing() for s in self.slots):
-            return st
+        if self.queue:
+            self._process_new_tasks()
         # batch segments: [slot, first index in the batch, tokens, is_decode]
         batch: list[tuple[Slot, int, int, bool]] = []
         size = 0
+        busy = 0
         for s in self.slots:  # one token per generating slot
-            if s.state is SlotState.GENERATING:
-                batch.append((s, size, 1, True))
-                size += 1
+            if s.task is not None:
+                busy += 1
+                if s.state is GENERATING:
+                    batch.append((s, size, 1, True))
+                    size += 1
+        if not busy:
+            return st
         for s in self.slots:  # then prompts, slot by slot in id order, up to n_batch
             if size >= self.n_batch:
                 break
-            if s.state is SlotState.STARTED and not self._start_prompt(s, now, st):
+            if s.state is STARTED and not self._start_prompt(s, now, st):
                 continue
-            if s.state is SlotState.PROCESSING_PROMPT:
+            if s.state is PROCESSING_PROMPT:
                 assert s.task is not None
                 seq = s.task.seq
                 take = min(seq.prompt_len - seq.num_computed, self.n_batch - size)
@@ -343,7 +368,7 @@ class SlotManager(KVManager):
                 size += take
                 if seq.num_computed + take == seq.prompt_len:
                     s.state = SlotState.DONE_PROMPT
-        st.num_running = self.num_running
+        st.num_running = busy - len(st.rejected)
         off, n_batch = 0, self.n_batch
         while off < size:
             n = min(n_batch, size - off)
@@ -363,13 +388,19 @@ class SlotManager(KVManager):
         """Decode batch tokens [off, off+n), then ``post_decode``: sample for the slots whose last
         batch token is in the view, in slot-id order; release those that stop."""
         sampled: list[Slot] = []
+        whole = off == 0 and n == batch[-1][1] + batch[-1][2]  # the usual case: one view, all of it
+        end = off + n
         for slot, first, cnt, is_decode in batch:
-            lo, hi = max(first, off), min(first + cnt, off + n)
-            if hi <= lo:
-                continue
+            if whole:
+                k = hi = cnt
+                first = 0
+            else:
+                lo, hi = max(first, off), min(first + cnt, end)
+                if hi <= lo:
+                    continue
+                k = hi - lo
             assert slot.task is not None
             seq = slot.task.seq
-            k = hi - lo
             if is_decode:
                 st.decode_tokens += k
             else:
@@ -379,7 +410,9 @@ class SlotManager(KVManager):
             slot.n_tokens += k
             if hi == first + cnt and (is_decode or slot.state is SlotState.DONE_PROMPT):
                 sampled.append(slot)
-        for slot in sorted(sampled, key=lambda s: s.id):
+        if len(sampled) > 1:
+            sampled.sort(key=_slot_id)  # batch order is decodes first: sample in slot-id order
+        for slot in sampled:
             assert slot.task is not None
             seq = slot.task.seq
             slot.state = SlotState.GENERATING
@@ -415,17 +448,27 @@ class SlotManager(KVManager):
 
     # ---------------------------------------------------------------- decode fast-forward
     def decode_horizon(self) -> tuple[int, int, int] | None:
-        busy = [s for s in self.slots if s.is_processing()]
-        if not busy or self.queue or not all(s.state is SlotState.GENERATING for s in busy):
-            return None
-        b = len(busy)
-        seqs = [s.task.seq for s in busy if s.task is not None]
+        if self.queue:
+            return None  # a task would be offered a slot
         # k pure steps: nobody reaches n_predict, nor n_tokens + 1 >= n_ctx at the k-th sample
-        k = min(min(q.out_len - q.num_output for q in seqs) - 1,
-                min(self.n_ctx_slot - 2 - q.num_computed for q in seqs))
+        b = ctx = 0
+        k = self.n_ctx_slot
+        free = self.capacity_tokens
+        for s in self.slots:
+            free -= s.n_tokens
+            if s.task is None:
+                continue
+            if s.state is not GENERATING:
+                return None
+            q = s.task.seq
+            b += 1
+            ctx += q.num_computed + 1
+            k = min(k, q.out_len - q.num_output - 1, self.n_ctx_slot - 2 - q.num_computed)
+        if not b:
+            return None
         if self.kv_unified:
-            k = min(k, self._free_cells() // b)  # every step's b tokens find room
-        return (k, b, sum(q.num_computed + 1 for q in seqs)) if k >= 2 else None
+            k = min(k, free // b)  # every step's b tokens find room
+        return (k, b, ctx) if k >= 2 else None
 
     def fast_forward(self, k: int) -> None:
         for s in self.slots:
