@@ -71,19 +71,13 @@ def parse_nvidia_smi_csv(text: str, fields: tuple[str, ...] | None = None) -> li
     gpus = []
     for i, row in enumerate(rows):
         rec = dict(zip(fields, row))
-
-        def mem(key: str) -> int | None:
-            v = rec.get(key)
-            if not v or v.startswith("[") or v == "N/A":
-                return None
-            return parse_size_bytes(v) if not v.replace(".", "").isdigit() else int(float(v) * MIB)
-
+        index = _int(rec.get("index"))
         gpus.append(GpuInfo(
             name=rec.get("name", "unknown NVIDIA GPU"),
             vendor="NVIDIA",
-            index=_int(rec.get("index")) if rec.get("index") else i,
-            memory_total_bytes=mem("memory.total"),
-            memory_free_bytes=mem("memory.free"),
+            index=index if index is not None else i,  # no (or no integer) index column: the row's position
+            memory_total_bytes=_csv_mem(rec, "memory.total"),
+            memory_free_bytes=_csv_mem(rec, "memory.free"),
             pcie_gen_max=_int(rec.get("pcie.link.gen.max")),
             pcie_width_max=_int(rec.get("pcie.link.width.max")),
             pcie_gen_current=_int(rec.get("pcie.link.gen.current")),
@@ -91,6 +85,22 @@ def parse_nvidia_smi_csv(text: str, fields: tuple[str, ...] | None = None) -> li
             source="nvidia-smi --query-gpu",
         ))
     return gpus
+
+
+def _csv_mem(rec: dict[str, str], key: str) -> int | None:
+    """A memory column of the CSV in bytes: MiB without a unit (nvidia-smi's), None for '[N/A]' or empty."""
+    v = rec.get(key)
+    if not v or v.startswith("[") or v == "N/A":
+        return None
+    return parse_size_bytes(v) if not v.replace(".", "").isdigit() else int(float(v) * MIB)
+
+
+def _nvml_ask(nvml: Any, handle: Any, fn: str, *args: Any) -> Any:
+    """nvml.<fn>(handle, *args), None where NVML refuses it for this GPU (NOT_SUPPORTED...)."""
+    try:
+        return getattr(nvml, fn)(handle, *args)
+    except nvml.NVMLError:
+        return None
 
 
 def read_nvml(nvml: Any) -> list[GpuInfo]:
@@ -108,11 +118,8 @@ def read_nvml(nvml: Any) -> list[GpuInfo]:
         for i in range(nvml.nvmlDeviceGetCount()):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
 
-            def ask(fn: str, *args: Any) -> Any:
-                try:
-                    return getattr(nvml, fn)(h, *args)
-                except nvml.NVMLError:
-                    return None
+            def ask(fn: str, h: Any = h) -> Any:
+                return _nvml_ask(nvml, h, fn)
 
             name = ask("nvmlDeviceGetName")
             mem = ask("nvmlDeviceGetMemoryInfo")

@@ -26,9 +26,9 @@ def parse_rocm_smi_json(text: str) -> list[GpuInfo]:
     for key, fields in data.items():
         if not key.replace(":", "").startswith("card") or not isinstance(fields, dict):
             continue  # "system": driver version
-        total, used = fields.get("VRAM Total Memory (B)"), fields.get("VRAM Total Used Memory (B)")
-        total_b = int(total) if str(total).isdigit() else None
-        used_b = int(used) if str(used).isdigit() else None
+        total, used = str(fields.get("VRAM Total Memory (B)")), str(fields.get("VRAM Total Used Memory (B)"))  # "None" when absent
+        total_b = int(total) if total.isdigit() else None
+        used_b = int(used) if used.isdigit() else None
         gpus.append(GpuInfo(name=_card_name(fields), vendor="AMD", index=len(gpus), memory_total_bytes=total_b,
                             memory_free_bytes=total_b - used_b if total_b is not None and used_b is not None else None,
                             source="rocm-smi --json"))
