@@ -43,6 +43,12 @@ class _Group(click.Group):
         debug = bool(ctx.obj and ctx.obj.get("debug")) or "--debug" in sys.argv[1:2]
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # a bad option or argument: one line too, with where to look
+            if debug:
+                raise
+            cmd = exc.ctx.command_path if exc.ctx is not None else "inferlab"
+            click.echo(f"inferlab: error: {_one_line(exc.format_message())} (see `{cmd} --help`)", err=True)
+            sys.exit(EXIT_BAD_INPUT)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
             raise
         except KeyboardInterrupt:
