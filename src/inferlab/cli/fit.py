@@ -101,7 +101,6 @@ def models(as_json):
     if as_json:
         echo_json(rows)
         return
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(header_style="bold", show_edge=False)
@@ -129,7 +128,6 @@ def machines(as_json):
     if as_json:
         echo_json(rows)
         return
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(header_style="bold", show_edge=False)
