@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import click
 
-from .common import echo_json
+from .common import echo_json, safe
 
 GB, GiB = 1e9, 2**30
 # colour per bits-per-weight band: the eye finds the expensive tensors first
@@ -140,7 +140,7 @@ def gguf_plan(source, quant, all_tensors, as_json):
 
 
 def _header(console, spec, own) -> None:
-    facts = [f"[bold]{spec.name}[/]", spec.arch, f"{spec.n_layers} layers", f"d_model {spec.d_model}",
+    facts = [f"[bold]{safe(spec.name)}[/]", safe(spec.arch), f"{spec.n_layers} layers", f"d_model {spec.d_model}",
              f"{spec.n_heads}/{spec.n_kv_heads} heads"]
     if spec.is_moe:
         facts.append(f"{spec.n_experts} experts ({spec.n_experts_used} used)")

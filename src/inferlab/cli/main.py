@@ -32,7 +32,9 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
 def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
+    from .common import strip_control  # a name or a path from a file may hold escape sequences
+
+    return " ".join(strip_control(text).split())
 
 
 class _Group(click.Group):

@@ -219,6 +219,8 @@ def simulate(ctx, workload, trace, limit, arrivals, rate, seed, engines, capacit
         return
     src = workload or trace
     tm = next((r.time_model for r in report.runs if r.time_model), None)
-    _table(runs, f"{src}: {len(reqs):,} requests" + (f", {tm}" if tm else ", 1 step = 1 unit"))
+    from .common import safe
+
+    _table(runs, safe(f"{src}: {len(reqs):,} requests" + (f", {tm}" if tm else ", 1 step = 1 unit")))  # names from files
     if plot:
         click.echo(f"timeline written to {plot}")
