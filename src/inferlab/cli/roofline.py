@@ -22,12 +22,17 @@ from .trace import _ints
 @click.option("--speed", "speed_name", type=click.Choice(["calibrated", "bandwidth-only", "lesson"]), default="calibrated", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--plot", "plot_path", default=None, help="Also draw it to FILE (.png or .svg).")
-def roofline(machine_name, model, quant, kv_type, batches, contexts, context, n_ctx, n_gpu_layers, speed_name, as_json, plot_path):
+@click.pass_context
+def roofline(ctx, machine_name, model, quant, kv_type, batches, contexts, context, n_ctx, n_gpu_layers, speed_name, as_json, plot_path):
     """The roofline of a machine: ridge point, and where decode at each batch and prefill sit.
 
     Exit status: 0; 2 on bad input. Batches whose cache does not fit in the allocated -c are
     listed as refused, with the numbers."""
     from ..api.roofline import roofline as roofline_api
+    from .common import warn_ignored
+
+    if model is None:  # without a model there is no cache to allocate nor layers to place (issue 15 class 8)
+        warn_ignored(ctx, {k: "it applies with --model" for k in ("kv_type", "n_ctx", "n_gpu_layers")})
 
     if plot_path is not None:
         from ..plots import check_plot_path
