@@ -27,14 +27,12 @@ _CONTROL = {c: None for c in range(32) if c not in (9, 10)} | {127: None} | {c: 
 
 def table_console():
     """A rich Console for tables: on a terminal its width; into a pipe or a file wide enough that
-    no id or header is cut to fit 80 columns (COLUMNS still wins when set)."""
-    import os
+    no id or header is cut (shells and CI runners export COLUMNS=80 to pipes too)."""
     import sys
 
     from rich.console import Console
 
-    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(width=10_000 if piped else None)
+    return Console(width=None if sys.stdout.isatty() else 10_000)
 
 
 def strip_control(text: object) -> str:
