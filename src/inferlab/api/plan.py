@@ -91,8 +91,9 @@ def plan(source: ModelSpec | str, quant: Any = None) -> PlanReport:
 
         quants = [read_quant(p.name, spec) for p in sorted(presets().values(), key=lambda p: p.ftype_id)]
     else:
-        names = [x.strip() for x in quant.split(",")] if isinstance(quant, str) else list(quant)
-        quants = [read_quant(x, spec) for x in names if x != ""]
+        names = [x.strip() for x in quant.split(",")] if isinstance(quant, str) else \
+            list(quant) if isinstance(quant, (list, tuple)) else [quant]  # one preset object, or read_quant's typed error
+        quants = [read_quant(x.strip() if isinstance(x, str) else x, spec) for x in names if x != ""]
         if not quants:
             raise InvalidValueError(f"quant {quant!r} names no preset; e.g. Q4_K_M, 'Q4_K_M,Q8_0' or all")
     plans, failed = [], []

@@ -54,6 +54,9 @@ class SimReport(Report):
 
 
 def _engines(engines: str | Iterable[str]) -> list[str]:
+    if not isinstance(engines, (str, list, tuple)) or not all(isinstance(e, str) for e in engines):
+        raise InvalidValueError(f"engines must be engine names ('vllm,sglang' or a list of them, from {', '.join(ENGINES)}), "
+                                f"got {engines!r:.60}")
     names = [e.strip() for e in engines.split(",")] if isinstance(engines, str) else list(engines)
     names = [e for e in names if e]
     if not names:
@@ -85,7 +88,12 @@ def simulate(requests: Iterable[Request], *, engines: str | Iterable[str] = ("ll
     from ..kv.time_model import TimeModel
 
     names = _engines(engines)
+    if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Iterable):
+        raise InvalidValueError(f"requests must be an iterable of kv.simulator.Request, got {type(requests).__name__} {requests!r:.60}")
     reqs = list(requests)
+    if not all(isinstance(r, Request) for r in reqs):
+        bad = next(r for r in reqs if not isinstance(r, Request))
+        raise InvalidValueError(f"requests must hold kv.simulator.Request objects, got {type(bad).__name__} {bad!r:.60}")
     if not reqs:
         raise InvalidValueError("simulate needs at least one request")
     if capacity_tokens is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..errors import UnknownNameError, check_positive
+from ..errors import InvalidValueError, UnknownNameError, check_positive
 from ..models.spec import ModelSpec
 from ..quant.types import ggml_type
 
@@ -31,9 +31,22 @@ def kv_bytes_per_value(kv_type: str) -> float:
     return t.type_size / t.block_size  # bytes of a block over the values it holds
 
 
+def _check_args(model, kv_type, **counts) -> None:
+    """Typed errors naming the argument before the caches (lru_cache needs hashable arguments)."""
+    if not isinstance(model, ModelSpec):
+        raise InvalidValueError(f"model must be a ModelSpec (resolve a name with models.resolve.resolve_model), "
+                                f"got {type(model).__name__} {model!r:.60}")
+    if not isinstance(kv_type, str):
+        raise InvalidValueError(f"kv_type must be a KV cache type name (f16, q8_0...), got {type(kv_type).__name__} {kv_type!r:.60}")
+    for name, v in counts.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InvalidValueError(f"{name} must be an integer >= 1, got {v!r:.60}")
+
+
 def kv_bytes_per_token(model: ModelSpec, kv_type: str = "f16") -> float:
     """Bytes one token adds to the cache of every layer (sliding-window layers included, as if
     the context were shorter than the window). MLA caches the compressed latent, not K and V."""
+    _check_args(model, kv_type)
     return _per_token(model, kv_type)
 
 
@@ -52,6 +65,7 @@ def swa_cache_tokens(model: ModelSpec, n_ctx: int, n_seq: int = 1, n_ubatch: int
 
 def layer_kv_bytes(model: ModelSpec, n_ctx: int, kv_type: str = "f16", n_seq: int = 1, n_ubatch: int = 512) -> tuple[float, ...]:
     """Bytes of each layer's cache for a context of n_ctx tokens (windowed layers hold the window)."""
+    _check_args(model, kv_type, n_ctx=n_ctx, n_seq=n_seq, n_ubatch=n_ubatch)
     return _layer_kv(model, n_ctx, kv_type, n_seq, n_ubatch)
 
 
@@ -73,6 +87,9 @@ def kv_cache_bytes(model: ModelSpec, n_ctx: int, kv_type: str = "f16", n_seq: in
 
 def kv_read_bytes(model: ModelSpec, context: int, kv_type: str = "f16") -> tuple[float, ...]:
     """Bytes of cache one decode step reads per layer at a given context (a window caps it)."""
+    _check_args(model, kv_type)
+    if isinstance(context, bool) or not isinstance(context, int):
+        raise InvalidValueError(f"context must be an integer number of tokens, got {context!r:.60}")
     if context <= 0:
         return (0.0,) * model.n_layers
     b = kv_bytes_per_value(kv_type)

@@ -327,8 +327,10 @@ def place(
     L = model.n_layers
     if n_gpu_layers is not None and (not isinstance(n_gpu_layers, int) or n_gpu_layers < 0):
         raise InvalidValueError(f"n_gpu_layers must be an integer >= 0 (at most {L + 1} for {model.name}), got {n_gpu_layers!r}")
-    if n_cpu_moe < 0:
-        raise InvalidValueError(f"n_cpu_moe must be >= 0, got {n_cpu_moe!r}")
+    if isinstance(n_cpu_moe, bool) or not isinstance(n_cpu_moe, int) or n_cpu_moe < 0:
+        raise InvalidValueError(f"n_cpu_moe must be an integer >= 0, got {n_cpu_moe!r:.60}")
+    if not isinstance(kv_type, str):
+        raise InvalidValueError(f"kv_type must be a KV cache type name (f16, q8_0...), got {type(kv_type).__name__} {kv_type!r:.60}")
     if tensor_split is not None and (len(tensor_split) != len(machine.gpus) or any(x < 0 for x in tensor_split) or sum(tensor_split) <= 0):
         raise InvalidValueError(f"tensor_split {tensor_split!r} must have {len(machine.gpus)} non-negative entries with a positive sum")
     scheme = resolve_quant(quant) if quant is not None else None

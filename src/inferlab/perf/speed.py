@@ -74,7 +74,17 @@ BANDWIDTH_ONLY = SpeedModel("bandwidth-only", attention_flops=False)
 
 
 def _hw(placement: Placement, machine: Machine) -> list[Device]:
+    _check_objects(placement, machine)
     return [machine.ram, *machine.gpus]
+
+
+def _check_objects(placement, machine) -> None:
+    """Typed errors naming the argument (not an AttributeError from inside)."""
+    if not isinstance(placement, Placement):
+        raise InvalidValueError(f"placement must be a Placement (from perf.placement.place), got {type(placement).__name__} {placement!r:.60}")
+    if not isinstance(machine, Machine):
+        raise InvalidValueError(f"machine must be a Machine (resolve a name with hardware.resolve.resolve_machine), "
+                                f"got {type(machine).__name__} {machine!r:.60}")
 
 
 def _check_ctx(name: str, v) -> None:
@@ -104,6 +114,7 @@ def decode_step_time(placement: Placement, machine: Machine, context: int, batch
     "cpu-kernels" when the CPU's dequantize-and-dot throughput, not its memory, limits it) and
     bottleneck (a sentence).
     """
+    _check_objects(placement, machine)
     _check_ctx("context", context)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidValueError(f"batch must be an integer >= 1, got {batch!r}")
@@ -189,6 +200,7 @@ def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: S
     the GPU and their weights cross PCIe (once per prompt in the lesson, once per micro-batch in
     llama.cpp, which `op_offload_transfers_per_ubatch` selects).
     """
+    _check_objects(placement, machine)
     check_positive("n_tokens", n_tokens)
     _check_ctx("context", context)
     hw = _hw(placement, machine)
