@@ -77,6 +77,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "finds no child either way (unless the prompt repeats that page elsewhere) and insert slices by `matched`",
     ("perf/placement.py", "used = model.n_experts_used / model.n_experts if model.is_moe else 1.0", "const +1"):
         "the share multiplies expert tensors only, and a model that is not MoE has none",
+    ("perf/placement.py", "used = model.n_experts_used / model.n_experts if model.is_moe else 1.0", "const -1"):
+        "the share multiplies expert tensors only, and a model that is not MoE has none",
     ("perf/speed.py", 'if slow is None or p["s"] > slow["s"]:', "cmp Gt->GtE"):
         "on a tie the first or the last of the equally slow devices names the bottleneck: both are the slowest",
     ("quant/plan.py", "if len(_FILE_PLANS) > 64:", "const -1"): "the memo's size bound: a smaller memo computes the same plans",

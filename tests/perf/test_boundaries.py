@@ -318,3 +318,32 @@ def test_kv_cache_bytes_per_batch_takes_counts_of_zero_and_up_only():
         kw = {"seq_len": 10, "batch_size": 1, **bad}
         with pytest.raises(InvalidValueError):
             kv_cache_bytes_per_batch(DENSE, kw["seq_len"], kw["batch_size"])
+
+
+def test_the_ngl_search_lands_on_the_largest_that_fits_below_the_middle():
+    # -nkvo (placement-by-placement search over 0 … 5): -ngl 2 needs 1 block + head + logits =
+    # 2,361,344 + 1,025,024 + 5,193,728 = 8,580,096 bytes, -ngl 3 needs 10,941,440: with exactly the
+    # room for -ngl 2 the search (mid 3 fails) must come back to 2
+    one_gb = Machine("toy 1 GB", replace(GPU, memory_gb=1.0), HOST, 25.0)
+    need2 = BLOCK_BYTES + HEAD_BYTES + LOGITS_BUF
+    assert need2 == 8_580_096
+    p = place(DENSE, one_gb, F32, 1024, no_kv_offload=True, fit_target_bytes=1e9 - need2)
+    assert p.n_gpu_layers == 2 and p.fits
+
+
+def test_a_context_that_cannot_shrink_enough_takes_layers_off_the_gpu():
+    # trained context 65,536; the full offload needs 15,664,128 + 2,048 per token: 24,052,736 bytes at
+    # --fit-ctx 4,096. With room for 24,030,000 the context cannot shrink below 4,096, so --fit keeps
+    # 4,096 tokens and offloads 4 layers (8,109,056 + 3 x 512 x 4,096 + 5,193,728 = 19,594,240 bytes)
+    long = replace(DENSE, name="toy-long", n_ctx_train=65536)
+    one_gb = Machine("toy 1 GB", replace(GPU, memory_gb=1.0), HOST, 25.0)
+    p = place(long, one_gb, F32, fit_target_bytes=1e9 - 24_030_000)
+    assert (p.n_gpu_layers, p.n_ctx, p.fits) == (4, 4096, True)
+    assert p.gpu_total == 19_594_240
+
+
+def test_a_cpu_prefill_rate_hook_divides_the_flops():
+    # CPU-only: 100 tokens x (4 blocks x 1,180,672 + the head's 512,000) = 523,468,800 FLOPs at 200 GFLOP/s
+    m = SpeedModel("toy", attention_flops=False, cpu_prefill_rate=lambda dev, placement: 2e11)
+    f = prefill_time(place(DENSE, CPU_ONLY, F32, 2048), CPU_ONLY, 100, m)
+    assert f["per_device"][0]["compute_s"] == pytest.approx(523_468_800 / 2e11, rel=1e-12)
