@@ -56,8 +56,11 @@ def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, preset, n_thre
     keep = None
     if imatrix is not None and q.imatrix is not False:
         keep = _imatrix_array(imatrix)  # kept alive until llama.cpp returns
-        params.imatrix = ctypes.cast(keep[0], type(params.imatrix) if hasattr(type(params.imatrix), "contents") else ctypes.c_void_p)
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+        # the field is a typed pointer in recent llama-cpp-python, a void pointer in older ones: cast to whichever it is
+        params.imatrix = ctypes.cast(  # pyright: ignore[reportAttributeAccessIssue]  (the stub types only the typed pointer)
+            keep[0], type(params.imatrix) if hasattr(type(params.imatrix), "contents") else ctypes.c_void_p)
+    # byref() is a valid pointer argument; llama-cpp-python's annotation (CtypesPointerOrRef) does not admit ctypes' _CArgObject
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))  # pyright: ignore[reportArgumentType]
     del keep
     if rc != 0:
         raise FileFormatError(f"llama.cpp could not quantize {src} to {q.label} (llama_model_quantize returned {rc}; its log says why)")
@@ -71,8 +74,9 @@ def uniform_imatrix(path: str | os.PathLike) -> dict:
     for t in gguf.GGUFReader(str(path)).tensors:
         shape = tuple(int(d) for d in t.shape)  # gguf-py lists ne[] order
         if allows_quantization(t.name, shape):
+            cols = shape[0]  # ne[0]: one weight per column
             experts = shape[2] if len(shape) > 2 else 1
-            out[t.name] = np.ones(shape[0] * experts, dtype=np.float32)
+            out[t.name] = np.ones(cols * experts, dtype=np.float32)
     return out
 
 
