@@ -12,8 +12,6 @@ The profile is a JSON file in the user's config directory ($XDG_CONFIG_HOME/infe
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import statistics
 import time
@@ -21,218 +19,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ..errors import FileFormatError, InferlabError, InvalidValueError, MissingDependencyError, check_positive
+from ..errors import InferlabError, InvalidValueError, MissingDependencyError, check_positive
+from .measure import (BUSY_CPUS, STABLE_TOL, STEAL_MAX, Interference, Measurement, _numpy, _timed_parallel,  # noqa: F401 (calibrate's API)
+                      default_working_set_bytes, read_bandwidth_gbs, realtime, repeat_until_stable, watch)
+from .profile import PROFILE_NAME, PROFILE_VERSION, config_dir, load_profile, profile_id, profile_path, save_profile  # noqa: F401
 
-PROFILE_VERSION = 1
-PROFILE_NAME = "machine_profile.json"
-STABLE_TOL = 0.05  # the two fastest repetitions of a figure agree within 5 %
-BUSY_CPUS = 0.5  # other processes may use this many CPUs beyond those a measurement leaves free (RT throttling leaves them ~0.1)
-STEAL_MAX = 0.05  # share of CPU time the hypervisor may give to other guests
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """Repeated timings of one figure, in ``unit``; spread = (max - min) / median."""
-
-    what: str
-    unit: str
-    samples: tuple[float, ...]
-    detail: str = ""
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
-
-    interference: "Interference | None" = None  # what else ran while it was measured
-    extra: dict | None = None  # facts a fit needs besides the samples (bytes per token, layers...)
-
-    @property
-    def spread(self) -> float:
-        return (max(self.samples) - min(self.samples)) / self.median if self.median else 0.0
-
-    @property
-    def best(self) -> float:
-        """The capability figure: the fastest repetition (a machine cannot run faster than it can;
-        other work only ever slows a repetition down, so the median of a disturbed run is low)."""
-        return max(self.samples)
-
-    @property
-    def best_two_gap(self) -> float:
-        """(best - second best) / best: 0 when the two fastest repetitions agree."""
-        top = sorted(self.samples, reverse=True)
-        return (top[0] - top[1]) / top[0] if len(top) > 1 and top[0] else 1.0
-
-    def stable(self, tol: float = STABLE_TOL) -> bool:
-        """The two fastest repetitions agree within ``tol`` (a sustained rate, not one lucky run)."""
-        return len(self.samples) >= 2 and self.best_two_gap <= tol
-
-    def to_json(self) -> dict:
-        out = {"best": self.best, "median": self.median, "min": min(self.samples), "max": max(self.samples), "spread": self.spread,
-               "best_two_gap": self.best_two_gap, "samples": list(self.samples), "unit": self.unit, "detail": self.detail}
-        if self.interference is not None:
-            out["interference"] = self.interference.to_json()
-        if self.extra:
-            out["extra"] = dict(self.extra)
-        return out
-
-
-# ---------------------------------------------------------------- interference: what else ran meanwhile
-
-
-
-def _cpu_jiffies() -> tuple[float, float, float] | None:
-    """(busy, steal, total) jiffies of all CPUs since boot, from /proc/stat (Linux), or None."""
-    try:
-        with open("/proc/stat", encoding="ascii") as fh:
-            f = [float(x) for x in fh.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    if len(f) < 8:
-        return None
-    user, nice, system, idle, iowait, irq, softirq, steal = f[:8]
-    return user + nice + system + irq + softirq, steal, sum(f[:8])
-
-
-@dataclass(frozen=True)
-class Interference:
-    """What else used this machine while a figure was measured.
-
-    others_cpus: CPUs' worth of time used by other processes (all busy time less this process's);
-    free_cpus: CPUs the measurement left free (the machine's less the threads it ran);
-    steal_share: share of time the hypervisor ran other guests on these CPUs;
-    load_avg: the 1-minute load average at the start."""
-
-    others_cpus: float | None
-    free_cpus: float
-    steal_share: float | None
-    load_avg: float | None
-    n_cpus: int
-
-    @property
-    def problems(self) -> tuple[str, ...]:
-        out = []
-        if self.others_cpus is not None and self.others_cpus > self.free_cpus + BUSY_CPUS:
-            out.append(f"other processes used {self.others_cpus:.1f} of {self.n_cpus} CPUs while it ran "
-                       f"({self.free_cpus:.0f} left free): the machine is busy")
-        if self.steal_share is not None and self.steal_share > STEAL_MAX:
-            out.append(f"the hypervisor stole {self.steal_share:.0%} of the CPU time (other guests on this host)")
-        return tuple(out)
-
-    def to_json(self) -> dict:
-        return {"others_cpus": self.others_cpus, "free_cpus": self.free_cpus, "steal_share": self.steal_share,
-                "load_avg": self.load_avg, "n_cpus": self.n_cpus, "problems": list(self.problems)}
-
-
-class watch:  # noqa: N801 (a context manager used as a function)
-    """``with watch(threads) as w: ...`` then ``w.result``: the Interference over the block."""
-
-    def __init__(self, threads: int):
-        self.threads = threads
-        self.result: Interference | None = None
-
-    def __enter__(self) -> "watch":
-        self.n = os.cpu_count() or 1
-        try:
-            self.load = os.getloadavg()[0]
-        except (OSError, AttributeError):
-            self.load = None
-        self.j0, self.own0, self.t0 = _cpu_jiffies(), time.process_time(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        j1, own1, t1 = _cpu_jiffies(), time.process_time(), time.perf_counter()
-        others = steal = None
-        wall = max(t1 - self.t0, 1e-9)
-        if self.j0 and j1 and wall > 0.05:
-            hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # jiffies per CPU-second (USER_HZ)
-            busy = (j1[0] - self.j0[0]) / hz  # CPU-seconds busy, all processes
-            others = max(0.0, busy - (own1 - self.own0)) / wall  # CPUs' worth used by the others
-            steal = (j1[1] - self.j0[1]) / max(j1[2] - self.j0[2], 1.0)
-        self.result = Interference(others, max(0, self.n - self.threads), steal, self.load, self.n)
-
-
-def repeat_until_stable(one: Callable[[], float], *, at_least: int = 3, at_most: int = 12, tol: float = STABLE_TOL) -> list[float]:
-    """Samples of ``one()`` (a rate: higher is better), at least ``at_least`` and until the two
-    fastest agree within ``tol`` or ``at_most`` were taken."""
-    samples = [one() for _ in range(at_least)]
-    while len(samples) < at_most and not Measurement("", "", tuple(samples)).stable(tol):
-        samples.append(one())
-    return samples
-
-
-def _numpy():
-    try:
-        import numpy as np
-    except ImportError:
-        raise MissingDependencyError("numpy", "measuring memory bandwidth", extra="files") from None
-    return np
-
-
-def default_working_set_bytes(llc_bytes: int | None = None) -> int:
-    """Total bytes read per pass: 4x the last-level cache, at least 256 MiB, at most 1/8 of free RAM."""
-    want = max(4 * (llc_bytes or 32 * 2**20), 256 * 2**20)
-    try:
-        import psutil
-
-        want = min(want, psutil.virtual_memory().available // 8)
-    except ImportError:
-        pass
-    return int(want)
-
-
-def _timed_parallel(threads: int, work: Callable[[int], object], repeats: int, amount: float = 1.0) -> list[float]:
-    """Rates (``amount`` over the wall time) of running work(i) for i in range(threads) at once,
-    after one warm-up round: at least ``repeats`` rounds, more until the two fastest agree
-    (repeat_until_stable)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        list(pool.map(work, range(threads)))  # warm-up: pages touched, threads started
-
-        def one() -> float:
-            t0 = time.perf_counter()
-            list(pool.map(work, range(threads)))
-            return amount / (time.perf_counter() - t0)
-
-        return repeat_until_stable(one, at_least=repeats, at_most=max(3 * repeats, 6))
-
-
-def read_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: int = 5, clock: str = "wall") -> Measurement:
-    """DRAM read bandwidth, GB/s (10^9 B/s): ``threads`` threads each take the maximum of their own
-    slice of one float64 array of ``total_bytes`` (numpy's reduction runs in C without the GIL;
-    a max is one vector instruction per 32 bytes, so memory, not arithmetic, bounds it: a sum,
-    with its pairwise additions, reads about 15 % slower with two threads here).
-
-    clock "wall": bytes over the wall time of the whole pass (what calibrate records).
-    clock "cpu": each slice's bytes over the CPU time of the thread that read it, summed; the
-    same figure on an idle machine, and not dragged down by other processes on a busy one
-    (there it errs high: threads that did not overlap each had the memory bus alone).
-    """
-    check_positive("threads", threads)
-    if clock not in ("wall", "cpu"):
-        raise InvalidValueError(f"clock {clock!r} is not one of wall, cpu")
-    np = _numpy()
-    total_bytes = total_bytes or default_working_set_bytes()
-    data = np.ones(total_bytes // 8, dtype=np.float64)
-    parts = np.array_split(data, threads)
-    if clock == "wall":
-        with watch(threads) as w:
-            samples = tuple(_timed_parallel(threads, lambda i: np.maximum.reduce(parts[i]), repeats, data.nbytes / 1e9))
-        return Measurement(f"read bandwidth, {threads} thread(s)", "GB/s", samples, interference=w.result,
-                           detail=f"np.maximum.reduce over {threads} slice(s) of a {data.nbytes / 2**20:.0f} MiB float64 array, wall clock")
-    else:
-        def timed(i: int) -> float:
-            c0 = time.thread_time()
-            np.maximum.reduce(parts[i])
-            return parts[i].nbytes / max(time.thread_time() - c0, 1e-9)
-
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            list(pool.map(timed, range(threads)))  # warm-up
-            samples = tuple(sum(pool.map(timed, range(threads))) / 1e9 for _ in range(repeats))
-    return Measurement(f"read bandwidth, {threads} thread(s)", "GB/s", samples,
-                       detail=f"np.maximum.reduce over {threads} slice(s) of a {data.nbytes / 2**20:.0f} MiB float64 array, {clock} clock")
 
 
 def copy_bandwidth_gbs(threads: int, total_bytes: int | None = None, repeats: int = 5) -> Measurement:
@@ -324,7 +115,7 @@ def gpu_measurements(repeats: int = 5) -> Iterator[tuple[str, Measurement]]:
         src = torch.empty(2**30 // 2, dtype=torch.float16, device=dev)
         dst = torch.empty_like(src)
 
-        def timed(fn: Callable[[], object]) -> list[float]:
+        def timed(fn: Callable[[], object], dev=dev) -> list[float]:
             fn()
             torch.cuda.synchronize(dev)
             out = []
@@ -335,13 +126,13 @@ def gpu_measurements(repeats: int = 5) -> Iterator[tuple[str, Measurement]]:
                 out.append(time.perf_counter() - t0)
             return out
 
-        times = timed(lambda: dst.copy_(src))
+        times = timed(lambda d=dst, s_=src: d.copy_(s_))
         yield f"gpu{i}.copy_bandwidth_gbs", Measurement("GPU copy bandwidth", "GB/s", tuple(2 * src.nbytes / t / 1e9 for t in times),
                                                         detail=f"{torch.cuda.get_device_name(i)}: 1 GiB device-to-device copy")
         n = 8192
         a = torch.randn(n, n, dtype=torch.float16, device=dev)
         b = torch.randn(n, n, dtype=torch.float16, device=dev)
-        times = timed(lambda: a @ b)
+        times = timed(lambda x=a, y=b: x @ y)
         yield f"gpu{i}.fp16_matmul_tflops", Measurement("GPU fp16 matmul", "TFLOP/s", tuple(2.0 * n**3 / t / 1e12 for t in times),
                                                         detail=f"{torch.cuda.get_device_name(i)}: {n}x{n} fp16 matmul")
         del src, dst, a, b
@@ -396,39 +187,6 @@ LLAMA_CPP_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q4_0", "
                    "IQ3_S": "IQ3_S", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "MXFP4": "MXFP4_MOE",
                    **{t: f"raw:{t}" for t in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")}}
 QUICK_TYPES = ("F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # the types of the common presets (Q4_K_M, Q8_0, Q4_0/Q4_1 files)
-
-
-@contextlib.contextmanager
-def realtime(enabled: bool = True):
-    """Run the block at real-time priority (SCHED_FIFO 10; the threads llama.cpp starts inherit
-    it), so that other processes on a shared machine stay off the cores while it is timed; yields
-    '' or why it could not (not root, not Linux). The old policy comes back afterwards."""
-    if not enabled:
-        yield "not asked for"
-        return
-
-    def tasks() -> list[int]:  # every thread of this process (an OpenMP pool started earlier too)
-        try:
-            return [int(t) for t in os.listdir("/proc/self/task")]
-        except OSError:
-            return [0]
-
-    try:
-        old = {t: (os.sched_getscheduler(t), os.sched_getparam(t)) for t in tasks()}
-        for t in old:
-            os.sched_setscheduler(t, os.SCHED_FIFO, os.sched_param(10))
-    except (AttributeError, OSError) as exc:
-        yield f"real-time priority not available ({exc})"
-        return
-    try:
-        yield ""
-    finally:
-        for t in tasks():
-            policy, param = old.get(t, (os.SCHED_OTHER, os.sched_param(0)))
-            try:
-                os.sched_setscheduler(t, policy, param)
-            except OSError:
-                pass  # the thread ended meanwhile
 
 
 def _bench_measurement(path: str, threads: int, what: str, n_prompt: int, n_gen: int, repeats: int, rt: bool,
@@ -573,7 +331,6 @@ def llama_cpp_reference(profile: dict) -> dict:
     per_core = (one or alln)["rate_bytes_per_s"]
     eff = {ty: min(1.0, alln["rate_bytes_per_s"][ty] / (max(fits) * per_core[ty]))
            for ty in per_core if ty in alln["rate_bytes_per_s"]} if one and max(fits) > 1 else {ty: 1.0 for ty in per_core}
-    import statistics
 
     # prefill: seconds per prompt token = sum of FLOPs_t / (share_t x peak of the threads) + n_layer x
     # a per-layer cost (norms, RoPE, attention, quantizing the activations: the same for every type)
@@ -619,12 +376,6 @@ def _simd(profile: dict) -> str:
     feats = set(profile.get("host", {}).get("features", []))
     return "amx" if any(f.startswith("amx") for f in feats) else "avx512" if any(f.startswith("avx512") for f in feats) \
         else "neon" if "neon" in feats else "avx2"
-
-
-def profile_id(profile: dict) -> str:
-    """A profile's name in predictions: host and date (20261201T1430Z)."""
-    d = profile.get("date", "")
-    return f"{profile.get('host', {}).get('name') or 'local'}@{d[:16].replace('-', '').replace(':', '')}Z"
 
 
 def problems(profile: dict) -> list[str]:
@@ -707,62 +458,6 @@ def _put(profile: dict, dotted: str, value: dict) -> None:
     for p in path:
         node = node.setdefault(p, {})
     node[last] = value
-
-
-def config_dir() -> str:
-    """$XDG_CONFIG_HOME/inferlab, else ~/.config/inferlab."""
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "inferlab")
-
-
-def profile_path() -> str:
-    return os.path.join(config_dir(), PROFILE_NAME)
-
-
-def save_profile(profile: dict, path: str | None = None) -> str:
-    """Write the profile atomically: a unique temporary file in the target folder, fsync, rename;
-    the temporary is removed on any failure. A folder that cannot be made or written is a
-    ConfigError naming it (and $XDG_CONFIG_HOME, which chooses it)."""
-    import tempfile
-
-    from ..errors import ConfigError
-
-    path = path or profile_path()
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".machine_profile.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise ConfigError(f"cannot write the machine profile in {folder} ({exc.strerror or exc}); "
-                          "set XDG_CONFIG_HOME to a writable folder") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(profile, fh, indent=1, sort_keys=True, allow_nan=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise ConfigError(f"cannot write the machine profile {path} ({exc.strerror or exc})") from None
-        raise
-    return path
-
-
-def load_profile(path: str | None = None) -> dict | None:
-    """The saved profile, or None when there is none. A corrupt file raises FileFormatError."""
-    path = path or profile_path()
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise FileFormatError(f"machine profile {path} cannot be read ({exc}); run `inferlab calibrate` again") from None
-    if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION:
-        raise FileFormatError(f"machine profile {path} is not a version-{PROFILE_VERSION} profile; run `inferlab calibrate` again")
-    return data
 
 
 __all__ = ["Measurement", "Step", "copy_bandwidth_gbs", "load_profile", "matmul_tflops", "plan",

@@ -173,7 +173,7 @@ def _host_device(cpu: CpuInfo | None, memory: MemoryInfo | None, profile: dict |
 
     bandwidth, flops32, flops16 = None, None, None
     if profile:
-        from .calibrate import profile_id
+        from .profile import profile_id
 
         when = f"profile {profile_id(profile)} of {profile.get('date', '?')}"
 
@@ -230,7 +230,7 @@ def _attach_profile_rates(dev: Device, profile: dict, figures: list[Figure]) -> 
     ran llama.cpp here, else the stored reference of this ISA class scaled by the profile's int8
     and fp32 matmul figures (perf.cpu_model.scaled_reference)."""
     from ..perf.cpu_model import attach_rates, measured_reference, reference_for, scaled_reference
-    from .calibrate import profile_id
+    from .profile import profile_id
 
     rid, date = profile_id(profile), profile.get("date", "?")
     ref = (profile.get("llama_cpp") or {}).get("reference")
@@ -254,7 +254,7 @@ def _attach_profile_rates(dev: Device, profile: dict, figures: list[Figure]) -> 
 
 def _quick_read_bandwidth_gbs(threads: int) -> float | None:
     try:
-        from .calibrate import read_bandwidth_gbs
+        from .measure import read_bandwidth_gbs
     except ImportError:
         return None
     try:
@@ -306,7 +306,7 @@ def inspect_machine(*, gpu: str | None = None, cpu: str | None = None, runner: R
     else:
         cat, cat_reason = catalog, ""
     if profile is True:
-        from .calibrate import load_profile
+        from .profile import load_profile
         profile = load_profile()
     elif profile is False:
         profile = None

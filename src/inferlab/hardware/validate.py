@@ -521,10 +521,10 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
                        gguf_paths: tuple[str, ...] = (), machine=None, on_row=None, rt: bool = False,
                        profile: bool | dict = True) -> list[ValidationRow]:
     """Run each toy model (and any given GGUF) through llama.cpp and the speed model; one row each.
-    ``rt``: time at real-time priority (calibrate.realtime); ``profile``: as detect_machine's."""
+    ``rt``: time at real-time priority (measure.realtime); ``profile``: as detect_machine's."""
     from ..models.gguf_reader import model_from_gguf
     from ..perf.cpu_model import rates_label
-    from .calibrate import realtime
+    from .measure import realtime
     from .detect import detect_machine
 
     machine = machine or detect_machine(profile=profile)

@@ -1,0 +1,76 @@
+"""The machine profile `inferlab calibrate` saves: where it lives, how it is written (atomically),
+read back and named. detect reads it for `--on local`; calibrate writes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+from ..errors import FileFormatError
+
+PROFILE_VERSION = 1
+PROFILE_NAME = "machine_profile.json"
+
+
+def profile_id(profile: dict) -> str:
+    """A profile's name in predictions: host and date (20261201T1430Z)."""
+    d = profile.get("date", "")
+    return f"{profile.get('host', {}).get('name') or 'local'}@{d[:16].replace('-', '').replace(':', '')}Z"
+
+
+def config_dir() -> str:
+    """$XDG_CONFIG_HOME/inferlab, else ~/.config/inferlab."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "inferlab")
+
+
+def profile_path() -> str:
+    return os.path.join(config_dir(), PROFILE_NAME)
+
+
+def save_profile(profile: dict, path: str | None = None) -> str:
+    """Write the profile atomically: a unique temporary file in the target folder, fsync, rename;
+    the temporary is removed on any failure. A folder that cannot be made or written is a
+    ConfigError naming it (and $XDG_CONFIG_HOME, which chooses it)."""
+    import tempfile
+
+    from ..errors import ConfigError
+
+    path = path or profile_path()
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".machine_profile.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the machine profile in {folder} ({exc.strerror or exc}); "
+                          "set XDG_CONFIG_HOME to a writable folder") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(profile, fh, indent=1, sort_keys=True, allow_nan=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise ConfigError(f"cannot write the machine profile {path} ({exc.strerror or exc})") from None
+        raise
+    return path
+
+
+def load_profile(path: str | None = None) -> dict | None:
+    """The saved profile, or None when there is none. A corrupt file raises FileFormatError."""
+    path = path or profile_path()
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise FileFormatError(f"machine profile {path} cannot be read ({exc}); run `inferlab calibrate` again") from None
+    if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION:
+        raise FileFormatError(f"machine profile {path} is not a version-{PROFILE_VERSION} profile; run `inferlab calibrate` again")
+    return data
