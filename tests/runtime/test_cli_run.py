@@ -73,4 +73,4 @@ def test_profile_gguf_has_predictions_beside_measurements(smollm_file):
         # the error is (predicted - measured) / measured of the row's own figures
         assert row["step_error"] == pytest.approx((row["predicted_step_ms"] - row["cached_mean_step_ms"]) / row["cached_mean_step_ms"])
         assert row["prefill_error"] == pytest.approx((row["predicted_prefill_ms"] - row["cached_prefill_ms"]) / row["cached_prefill_ms"])
-    assert "perf_model" in rep["prediction_note"]
+    assert "performance model" in rep["prediction_note"]
