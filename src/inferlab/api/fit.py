@@ -179,15 +179,30 @@ def _figures(setup: Setup) -> tuple[Figure, ...]:
                 figs.append(Figure(f"per-block decode cost ({backend})", k["layer_overhead_s"], "s", "estimated", "same fit"))
                 figs.append(Figure(f"prefill efficiency ε ({backend})", k["eps"], "", "estimated", "same fit"))
         if setup.placement.cpu.n_blocks or setup.placement.cpu.has_output or m.cpu_only:
-            from ..perf.cpu_model import reference_for
+            from ..perf.cpu_model import attached_rates, rate_provenance, reference_for
 
             ref = reference_for(m.ram)
-            figs.append(Figure("CPU kernel rates (llama.cpp, per ggml type)", ref.get("cpu", ref.get("name", "")), "", "catalog",
-                               f"measured with llama.cpp on a reference CPU of ISA class {ref.get('simd')} (data/cpu_limits.json)"))
+            types = {e.ggml_type for e in _cpu_tensor_types(setup)}
+            how = "; ".join(rate_provenance(m.ram, types))
+            if attached_rates(m.ram) is not None:  # this machine's own profile (calibrate)
+                figs.append(Figure("CPU kernel rates (llama.cpp, per ggml type)", ref.get("id", ""), "", "calibrated", how))
+            else:
+                figs.append(Figure("CPU kernel rates (llama.cpp, per ggml type)", ref.get("id", ""), "", "catalog",
+                                   f"{how} (data/cpu_limits.json)"))
     else:
         figs.append(Figure("decode efficiency η", sm.decode_bw_eff, "", "assumed", "the seed lesson's constant: 0.7 of peak bandwidth"))
         figs.append(Figure("prefill efficiency ε", sm.prefill_compute_eff, "", "assumed", "the seed lesson's constant: 50 % of peak FP16"))
     return tuple(figs)
+
+
+def _cpu_tensor_types(setup: Setup):
+    """The tensors of the placement's CPU-resident blocks (their ggml types pick the CPU rates)."""
+    from ..quant.plan import tensor_plan
+
+    p = setup.placement
+    first_gpu_block = p.cpu.n_blocks
+    return [e for e in tensor_plan(setup.spec, setup.scheme) if (e.layer is not None and e.layer < first_gpu_block)
+            or (e.layer is None and (p.cpu.has_output or not e.name.startswith("output")))]
 
 
 def _file_facts(spec: ModelSpec) -> FileFacts | None:

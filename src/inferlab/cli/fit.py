@@ -28,8 +28,10 @@ EXIT_DOES_NOT_FIT = 1  # `inferlab fit` exits 1 when the configuration does not 
                    "(bandwidth-only) or on the lesson's own device figures (lesson).")
 @click.option("--order", type=click.Choice(["llama.cpp", "first-blocks", "lesson"]), default="llama.cpp", show_default=True,
               help="Which layers -ngl moves: llama.cpp's (output head first) or the lesson's (first blocks).")
+@click.option("--no-profile", is_flag=True, help="With --on local: ignore this machine's calibration profile (`inferlab calibrate`).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def fit(model, machine_name, quant, n_ctx, kv_type, flash_attn, n_gpu_layers, n_cpu_moe, context, n_prompt, speed_name, order, as_json):
+def fit(model, machine_name, quant, n_ctx, kv_type, flash_attn, n_gpu_layers, n_cpu_moe, context, n_prompt, speed_name, order, no_profile,
+        as_json):
     """Does MODEL fit on a machine, where do its bytes live, and how fast will it run?
 
     Exit status: 0 when it fits, 1 when it does not (no speed is printed: it would not run),
@@ -38,7 +40,7 @@ def fit(model, machine_name, quant, n_ctx, kv_type, flash_attn, n_gpu_layers, n_
 
     report = fit_api(model, machine_name, quant=quant, n_ctx=n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
                      n_cpu_moe=n_cpu_moe, context=context, n_prompt=n_prompt, speed=speed_name, order=order,
-                     flash_attn=flash_attn)
+                     flash_attn=flash_attn, profile=not no_profile)
     if as_json:
         echo_json(report.to_dict())
     else:
