@@ -19,6 +19,8 @@ from ..kv.simulator import Request, Run
 from .report import Report
 
 
+_NAME_OPTIONS = {"version", "schedule_policy"}  # the managers' options that are names; kv_unified a flag; the rest numbers
+_FLAG_OPTIONS = {"kv_unified"}
 MAX_OPTION = 1 << 53  # an engine option beyond this (tokens, MiB, sequences) is a typo, and overflows once scaled
 MAX_POOL_TOKENS = 1 << 31  # the simulators keep per-block state; a pool this large is a typo, not a machine
 
@@ -113,6 +115,12 @@ def simulate(requests: Iterable[Request], *, engines: str | Iterable[str] = ("ll
     opts = {e: dict((engine_options or {}).get(e, {})) for e in names}
     for e, o in opts.items():  # numbers a manager would turn into ints or loop on: finite, and not bools
         for k, v in o.items():
+            if v is None:
+                continue  # the engine's default
+            want = str if k in _NAME_OPTIONS else bool if k in _FLAG_OPTIONS else (int, float)
+            if isinstance(v, bool) != (want is bool) or not isinstance(v, want):
+                kind = "a name" if want is str else "true or false" if want is bool else "a number"
+                raise InvalidValueError(f"{e} option {k} must be {kind}, got {type(v).__name__} {v!r:.40}")
             if isinstance(v, float) and not math.isfinite(v):
                 raise InvalidValueError(f"{e} option {k} must be a finite number, got {v!r}")
             if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) > MAX_OPTION:
