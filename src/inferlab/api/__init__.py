@@ -1,7 +1,9 @@
 """The service layer: one function per question a user asks, each returning a frozen, typed report.
 
 ``fit`` (placement, memory, speed, bottleneck), ``plan`` (the file llama-quantize would write),
-``simulate`` (the engines' KV managers on a workload), ``machine`` (this computer, detected). The
+``simulate`` (the engines' KV managers on a workload), ``trace``, ``roofline``, ``capacity``,
+``advise``, ``diagnose``, ``machine`` (this computer, detected), ``calibrate`` and ``validate`` (this
+computer, measured and checked against llama.cpp). The
 CLI and the web app parse their inputs, call these, and render the reports; ``Report.to_dict()``
 is their JSON. ``configure`` resolves one configuration for every question built on a placement.
 """
@@ -17,8 +19,10 @@ from .roofline import RooflineReport, roofline
 from .capacity import CapacityReport, capacity
 from .advise import AdviceReport, advise
 from .diagnose import DiagnosisReport, diagnose
+from .measure import CalibrationReport, ValidationReport, calibrate, validate
 
 __all__ = ["SCHEMA_VERSION", "Figure", "FitReport", "MachineReport", "PlanReport", "Report", "Setup", "SimReport",
            "configure", "fit", "machine", "plan", "simulate",
            "TraceReport", "trace", "RooflineReport", "roofline",
-           "CapacityReport", "capacity", "AdviceReport", "advise", "DiagnosisReport", "diagnose"]
+           "CapacityReport", "capacity", "AdviceReport", "advise", "DiagnosisReport", "diagnose",
+           "CalibrationReport", "calibrate", "ValidationReport", "validate"]

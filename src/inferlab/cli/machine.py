@@ -81,19 +81,21 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
             raise InvalidValueError(f"--threads {threads!r} must be comma-separated positive integers, e.g. 1,2,4")
     if types and engine == "none":
         raise InvalidValueError("--types needs --engine llama.cpp")
-    steps = cal.plan(counts, size_mib * 2**20 if size_mib else None, repeats)
+    from ..api import calibrate as calibrate_api
+
+    type_list = None
+    if engine == "llama.cpp" and types:
+        type_list = cal.QUICK_TYPES if types == "quick" else tuple(t.strip().upper() for t in types.split(",") if t.strip())
+    n_steps = len(cal.plan(counts, size_mib * 2**20 if size_mib else None, repeats))
     if engine == "llama.cpp":
-        type_list = cal.QUICK_TYPES if types == "quick" else tuple(t.strip().upper() for t in types.split(",") if t.strip()) \
-            if types else tuple(cal.LLAMA_CPP_TYPES)
-        steps += cal.llama_cpp_plan(type_list, n_gen=n_gen, n_prompt=n_prompt, repeats=3, rt=realtime)
+        n_steps += len(cal.llama_cpp_plan(type_list or tuple(cal.LLAMA_CPP_TYPES), n_gen=n_gen, n_prompt=n_prompt, repeats=3, rt=realtime))
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     con = _console() if not as_json else None
-    from rich.console import Console
-
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=as_json) as progress:
-        task = progress.add_task("calibrating", total=len(steps))
+        task = progress.add_task("calibrating", total=n_steps)
 
         def on_step(step, m, why):
             if m:
@@ -104,15 +106,9 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
             progress.console.print(line) if not as_json else None
             progress.update(task, advance=1, description=step.label)
 
-        with cal.realtime(realtime) as why_not:
-            if realtime and why_not:
-                progress.console.print(f"[yellow]{why_not}: timing at normal priority[/]")
-            profile = cal.run_calibration(steps, on_step)
-    if profile["problems"] and not accept_noisy and not no_save:
-        raise cal.UnstableMeasurementError(profile["problems"])
-    if profile["problems"]:
-        profile["accepted_with_problems"] = True
-    where = None if no_save else cal.save_profile(profile)
+        report = calibrate_api(threads=counts, repeats=repeats, size_mib=size_mib, engine=engine, types=type_list, n_gen=n_gen,
+                               n_prompt=n_prompt, realtime=realtime, accept_noisy=accept_noisy, save=not no_save, on_step=on_step)
+    profile, where = report.profile, report.saved_to
     if as_json:
         click.echo(json.dumps(profile, indent=1))
     else:
@@ -146,20 +142,10 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
              n_prompt: int, n_gen: int, realtime: bool, no_profile: bool, as_json: bool) -> None:
     """Measured vs predicted prefill and decode tokens/s on this machine, llama-bench style. The
     measured figure is the fastest repetition; rows whose repetitions disagree are flagged."""
-    from ..hardware import validate as v
+    from ..api import validate as validate_api
 
     model_list = tuple(m for m in models.split(",") if m)
     preset_list = tuple(p for p in presets.split(",") if p)
-    for m in model_list:
-        if m not in v.TOY_MODELS:
-            from ..errors import UnknownNameError
-
-            raise UnknownNameError("toy model", m, v.TOY_MODELS)
-    for p in preset_list:
-        if p not in v.FTYPES:
-            from ..errors import UnknownNameError
-
-            raise UnknownNameError("quantization preset", p, v.FTYPES)
     con = _console()
     err = __import__("rich.console", fromlist=["Console"]).Console(stderr=True)
 
@@ -168,21 +154,12 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
             err.print(f"[dim]{r.model} {r.preset}: tg{n_gen} {r.measured.best('tg'):.1f} tok/s measured, {r.predicted_tg:.1f} predicted[/]")
 
     with err.status("writing models and running llama.cpp (pp%d, tg%d, %d repetitions)..." % (n_prompt, n_gen, repetitions)):
-        rows = v.validate_llama_cpp(model_list, preset_list, threads, repetitions, n_prompt, n_gen, gguf_paths, on_row=on_row,
-                                    rt=realtime, profile=not no_profile)
+        report = validate_api(models=model_list, presets=preset_list, gguf_paths=gguf_paths, threads=threads, repetitions=repetitions,
+                              n_prompt=n_prompt, n_gen=n_gen, realtime=realtime, profile=not no_profile, on_row=on_row)
     if as_json:
-        click.echo(json.dumps([{
-            "model": r.model, "preset": r.preset, "n_params": r.n_params, "decode_bytes": r.decode_bytes, "threads": r.n_threads,
-            "pp_measured": r.measured.best("pp") if r.measured.pp_tok_s else None, "pp_samples": list(r.measured.pp_tok_s),
-            "pp_predicted": r.predicted_pp, "pp_error": r.pp_error,
-            "tg_measured": r.measured.best("tg") if r.measured.tg_tok_s else None, "tg_samples": list(r.measured.tg_tok_s),
-            "tg_cpu_samples": list(r.measured.tg_cpu_tok_s), "tg_predicted": r.predicted_tg,
-            "tg_error": r.tg_error if r.measured.tg_tok_s else None, "flags": list(r.flags), "rates": r.rates,
-            "dominant_limit": r.limits.dominant, "memory_s": r.limits.memory_s, "compute_s": r.limits.compute_s,
-            "overhead_s": r.limits.overhead_s, "eta": r.limits.eta, "bandwidth_gbs": r.limits.bandwidth_gbs,
-            "perf_model_pp": r.perf_model_pp, "perf_model_tg": r.perf_model_tg, "perf_model_tg_error": r.perf_model_tg_error,
-            "perf_model_note": r.perf_model_note} for r in rows], indent=1))
+        click.echo(json.dumps(report.to_dict()["rows"], indent=1, allow_nan=False))
         return
+    rows = report._rows  # the measurement records behind the report's rows (samples, limits)
     from rich.console import Console
     from rich.table import Table
 

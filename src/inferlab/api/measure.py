@@ -1,0 +1,123 @@
+"""``calibrate() -> CalibrationReport`` and ``validate() -> ValidationReport``: this machine,
+measured, and the speed model's predictions checked against real llama.cpp here.
+
+Thin over ``hardware.calibrate`` (the measurements, their stability rules, the profile) and
+``hardware.validate`` (toy models through llama.cpp beside the prediction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidValueError, UnknownNameError
+from .report import Report
+
+
+@dataclass(frozen=True)
+class CalibrationReport(Report):
+    profile_id: str
+    saved_to: str | None  # None: measured only (save=False)
+    problems: tuple[str, ...]  # why figures are unstable or the machine was busy (a profile with problems is not saved)
+    skipped: dict[str, str]
+    profile: dict[str, Any]  # the whole profile, as saved
+
+
+def calibrate(*, threads: tuple[int, ...] | None = None, repeats: int = 5, size_mib: int | None = None, engine: str = "none",
+              types: tuple[str, ...] | None = None, n_gen: int = 64, n_prompt: int = 128, realtime: bool = False,
+              accept_noisy: bool = False, save: bool = True,
+              on_step: Callable[[Any, Any, str], None] | None = None) -> CalibrationReport:
+    """Measure memory bandwidth and matmul throughput here (and llama.cpp's kernels per ggml type
+    with ``engine="llama.cpp"``); save the profile `--on local` uses. A profile whose figures are
+    unstable, or were measured on a busy machine, raises UnstableMeasurementError unless
+    ``accept_noisy`` (then it is saved flagged)."""
+    from ..hardware import calibrate as cal
+
+    if engine not in ("none", "llama.cpp"):
+        raise UnknownNameError("calibration engine", engine, ("none", "llama.cpp"))
+    if types and engine == "none":
+        raise InvalidValueError("types need engine='llama.cpp'")
+    steps = cal.plan(threads, size_mib * 2**20 if size_mib else None, repeats)
+    if engine == "llama.cpp":
+        steps += cal.llama_cpp_plan(types or tuple(cal.LLAMA_CPP_TYPES), n_gen=n_gen, n_prompt=n_prompt, repeats=3, rt=realtime)
+    with cal.realtime(realtime):
+        profile = cal.run_calibration(steps, on_step)
+    if profile["problems"] and not accept_noisy and save:
+        raise cal.UnstableMeasurementError(profile["problems"])
+    if profile["problems"]:
+        profile["accepted_with_problems"] = True
+    where = cal.save_profile(profile) if save else None
+    return CalibrationReport(cal.profile_id(profile), where, tuple(profile["problems"]), dict(profile["skipped"]), profile)
+
+
+@dataclass(frozen=True)
+class ValidationRow:
+    model: str
+    preset: str
+    n_params: int
+    decode_bytes: float
+    threads: int
+    pp_measured: float | None
+    pp_samples: tuple[float, ...]
+    pp_predicted: float | None
+    pp_error: float | None
+    tg_measured: float | None
+    tg_samples: tuple[float, ...]
+    tg_cpu_samples: tuple[float, ...]
+    tg_predicted: float | None
+    tg_error: float | None
+    flags: tuple[str, ...]  # repetitions that disagree: their error is not scored
+    rates: str  # whose CPU rates the prediction used (this machine's profile, or the reference)
+    dominant_limit: str
+    memory_s: float
+    compute_s: float
+    overhead_s: float
+    eta: float
+    bandwidth_gbs: float
+    perf_model_pp: float | None
+    perf_model_tg: float | None
+    perf_model_tg_error: float | None
+    perf_model_note: str
+
+
+@dataclass(frozen=True)
+class ValidationReport(Report):
+    n_prompt: int
+    n_gen: int
+    repetitions: int
+    rows: tuple[ValidationRow, ...]
+    _rows: tuple[Any, ...] = ()  # hardware.validate's records behind the rows (for renderers): not in to_dict()
+
+
+def validation_row(r) -> ValidationRow:
+    """One hardware.validate row as the report holds it."""
+    return ValidationRow(
+        model=r.model, preset=r.preset, n_params=r.n_params, decode_bytes=r.decode_bytes, threads=r.n_threads,
+        pp_measured=r.measured.best("pp") if r.measured.pp_tok_s else None, pp_samples=tuple(r.measured.pp_tok_s),
+        pp_predicted=r.predicted_pp, pp_error=r.pp_error,
+        tg_measured=r.measured.best("tg") if r.measured.tg_tok_s else None, tg_samples=tuple(r.measured.tg_tok_s),
+        tg_cpu_samples=tuple(r.measured.tg_cpu_tok_s), tg_predicted=r.predicted_tg,
+        tg_error=r.tg_error if r.measured.tg_tok_s else None, flags=tuple(r.flags), rates=r.rates,
+        dominant_limit=r.limits.dominant, memory_s=r.limits.memory_s, compute_s=r.limits.compute_s, overhead_s=r.limits.overhead_s,
+        eta=r.limits.eta, bandwidth_gbs=r.limits.bandwidth_gbs, perf_model_pp=r.perf_model_pp, perf_model_tg=r.perf_model_tg,
+        perf_model_tg_error=r.perf_model_tg_error, perf_model_note=r.perf_model_note)
+
+
+def validate(*, models: tuple[str, ...] | None = None, presets: tuple[str, ...] = ("Q4_K_M", "Q8_0"), gguf_paths: tuple[str, ...] = (),
+             threads: int | None = None, repetitions: int = 3, n_prompt: int = 512, n_gen: int = 128, realtime: bool = False,
+             profile: bool = True, on_row: Callable[[Any], None] | None = None) -> ValidationReport:
+    """Toy models (random weights, each preset) and any GGUF given, through real llama.cpp here and
+    through the speed model: measured vs predicted prefill and decode tokens/s, llama-bench style."""
+    from ..hardware import validate as v
+
+    models = tuple(models) if models is not None else tuple(v.TOY_MODELS)
+    for m in models:
+        if m not in v.TOY_MODELS:
+            raise UnknownNameError("toy model", m, v.TOY_MODELS)
+    for p in presets:
+        if p not in v.FTYPES:
+            raise UnknownNameError("quantization preset", p, v.FTYPES)
+    rows = v.validate_llama_cpp(models, tuple(presets), threads, repetitions, n_prompt, n_gen, tuple(gguf_paths), on_row=on_row,
+                                rt=realtime, profile=profile)
+    return ValidationReport(n_prompt, n_gen, repetitions, tuple(validation_row(r) for r in rows), tuple(rows))
