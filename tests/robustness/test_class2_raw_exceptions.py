@@ -146,3 +146,22 @@ def test_profile_plot_into_a_missing_folder_fails_first(tmp_path):
     r = run_cli("profile", GGUF, "--plot", tmp_path / "none" / "p.png")
     assert_bad_input(r, "does not exist", folder=tmp_path, before=[])
     assert r.elapsed < 15  # before the sweep (it took 175 s to get there)
+
+
+PROFILES = {"not-utf8": b"\xff\xfe{}", "deep": b"[" * 100_000, "host-a-string": b'{"version": 1, "host": "x"}',
+            "a-list": b"[1]", "truncated": b'{"version": 1, "host": {', "fifo": None}
+
+
+@pytest.mark.parametrize("kind", sorted(PROFILES))
+def test_a_bad_machine_profile_names_the_file_and_the_fix(tmp_path, kind):
+    import os
+
+    folder = tmp_path / "inferlab"
+    folder.mkdir()
+    path = folder / "machine_profile.json"
+    if PROFILES[kind] is None:
+        os.mkfifo(path)  # would block a plain open()
+    else:
+        path.write_bytes(PROFILES[kind])
+    r = run_cli("machine", env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}, timeout=20)
+    assert_bad_input(r, str(path), "inferlab calibrate")

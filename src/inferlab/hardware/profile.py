@@ -12,6 +12,7 @@ from ..errors import FileFormatError
 
 PROFILE_VERSION = 1
 PROFILE_NAME = "machine_profile.json"
+MAX_PROFILE_BYTES = 16 << 20  # a profile is a few KiB
 
 
 def profile_id(profile: dict) -> str:
@@ -62,15 +63,31 @@ def save_profile(profile: dict, path: str | None = None) -> str:
 
 
 def load_profile(path: str | None = None) -> dict | None:
-    """The saved profile, or None when there is none. A corrupt file raises FileFormatError."""
+    """The saved profile, or None when there is none. A file that is not a regular file, not UTF-8,
+    not JSON, nested too deeply or too large raises FileFormatError naming it and the fixes."""
+    from ..fileio import open_regular
+
     path = path or profile_path()
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
+    fix = "run `inferlab calibrate` again, or delete the file"
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise FileFormatError(f"machine profile {path} cannot be read ({exc}); run `inferlab calibrate` again") from None
+        with open_regular(path, what="machine profile") as fh:
+            raw = fh.read(MAX_PROFILE_BYTES + 1)
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise FileFormatError(f"machine profile {path} is larger than {MAX_PROFILE_BYTES >> 20} MiB; {fix}")
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        if isinstance(exc, FileFormatError):
+            raise
+        from ..errors import InvalidValueError
+
+        if isinstance(exc, InvalidValueError):  # a FIFO or a device where the profile should be
+            raise FileFormatError(f"{exc}; {fix}") from None
+        why = "nested too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:160]
+        raise FileFormatError(f"machine profile {path} cannot be read ({why}); {fix}") from None
     if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION:
-        raise FileFormatError(f"machine profile {path} is not a version-{PROFILE_VERSION} profile; run `inferlab calibrate` again")
+        raise FileFormatError(f"machine profile {path} is not a version-{PROFILE_VERSION} profile; {fix}")
+    if not isinstance(data.get("host", {}), dict):
+        raise FileFormatError(f"machine profile {path}: 'host' must be a JSON object; {fix}")
     return data
