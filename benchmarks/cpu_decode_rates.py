@@ -51,19 +51,10 @@ def applies(ty: str, model: str) -> bool:
 
 
 def solve(rows: list[tuple[list[float], float]]) -> list[float]:
-    """Least squares x for A x = b (normal equations, Gauss-Jordan; a handful of unknowns)."""
-    n = len(rows[0][0])
-    ata = [[sum(r[0][i] * r[0][j] for r in rows) for j in range(n)] for i in range(n)]
-    atb = [sum(r[0][i] * r[1] for r in rows) for i in range(n)]
-    m = [ata[i] + [atb[i]] for i in range(n)]
-    for c in range(n):
-        p = max(range(c, n), key=lambda r: abs(m[r][c]))
-        m[c], m[p] = m[p], m[c]
-        for r in range(n):
-            if r != c and m[c][c]:
-                f = m[r][c] / m[c][c]
-                m[r] = [a - f * b for a, b in zip(m[r], m[c])]
-    return [m[i][n] / m[i][i] for i in range(n)]
+    """Least squares x for A x = b: calibrate's own solver (one copy of it)."""
+    from inferlab.hardware.calibrate import least_squares
+
+    return least_squares(rows)
 
 
 def fit(runs: list[dict]) -> dict:

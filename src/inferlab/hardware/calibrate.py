@@ -246,7 +246,7 @@ def llama_cpp_plan(types: tuple[str, ...] = tuple(LLAMA_CPP_TYPES), shapes: tupl
     return steps
 
 
-def _solve(rows: list[tuple[list[float], float]]) -> list[float]:
+def least_squares(rows: list[tuple[list[float], float]]) -> list[float]:
     """Least squares x for A x = b (normal equations, Gauss-Jordan; a handful of unknowns)."""
     n = len(rows[0][0])
     ata = [[sum(r[0][i] * r[0][j] for r in rows) for j in range(n)] for i in range(n)]
@@ -279,9 +279,9 @@ def fit_decode(runs: list[dict]) -> dict:
         types = sorted({k for r in sel for k in weights(r["bytes_by_type"])})
         rows = [([r["n_layer"] / r["s_per_token"]] + [weights(r["bytes_by_type"]).get(k, 0) / r["s_per_token"] for k in types], 1.0)
                 for r in sel]
-        x = _solve(rows)
+        x = least_squares(rows)
         if x[0] < 0:  # no per-layer cost can be told apart: fit the rates alone
-            x = [0.0] + _solve([(row[1:], b) for row, b in rows])
+            x = [0.0] + least_squares([(row[1:], b) for row, b in rows])
         resid = [abs(sum(a * b for a, b in zip(row, x)) - 1) for row, _ in rows]
         out[t] = {"overhead_s_per_layer": x[0], "rate_bytes_per_s": {k: 1 / v for k, v in zip(types, x[1:]) if v > 0},
                   "max_rel_residual": max(resid)}
@@ -342,9 +342,9 @@ def llama_cpp_reference(profile: dict) -> dict:
         peak_t = peak * 1e12 * t_pp / n
         rows = [([r["n_layer"] / r["s_per_token"]] + [(r["flops_per_token"] / peak_t if r["type"] == ty else 0.0) / r["s_per_token"]
                                                       for ty in ptypes], 1.0) for r in sel]
-        x = _solve(rows) if len({r["n_layer"] for r in sel}) > 1 else [0.0] + _solve([(row[1:], b) for row, b in rows])
+        x = least_squares(rows) if len({r["n_layer"] for r in sel}) > 1 else [0.0] + least_squares([(row[1:], b) for row, b in rows])
         if x[0] < 0:
-            x = [0.0] + _solve([(row[1:], b) for row, b in rows])
+            x = [0.0] + least_squares([(row[1:], b) for row, b in rows])
         pp_overhead = x[0]
         shares = {ty: round(1 / v, 3) for ty, v in zip(ptypes, x[1:]) if v > 0}
     # decode's share of the read bandwidth, from the memory-bound toy: its bytes over (seconds per
