@@ -37,7 +37,7 @@ def test_a_field_of_the_wrong_json_type_names_the_field(tmp_path, field, kind, v
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, field: value}) + "\n")
     before = files(tmp_path)
-    assert_bad_input(run_cli("simulate", "--trace", trace, "--capacity-tokens", 4096), f"t.jsonl:2", field,
+    assert_bad_input(run_cli("simulate", "--trace", trace, "--capacity-tokens", 4096), "t.jsonl:2", field,
                      folder=tmp_path, before=before)
 
 
