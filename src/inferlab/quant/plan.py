@@ -64,6 +64,7 @@ def tensor_plan(model: ModelSpec, quant: str | Preset | PureType | None = None) 
     quant: a llama-quantize preset ("Q4_K_M", Preset(...)), a GGML type ("Q2_K" means every weight
     in Q2_K, PureType(...)), or None for a model read from a file (its own tensors).
     """
+    _check_model(model)
     if quant is None:
         if model.tensors is None:
             raise InvalidValueError(
@@ -216,7 +217,14 @@ def _quant_memo(model: ModelSpec, quant: Preset | PureType) -> dict:
     return {}
 
 
+def _check_model(model: object) -> None:
+    if not isinstance(model, ModelSpec):
+        raise InvalidValueError(f"model must be a ModelSpec (e.g. inferlab.models.catalog.MODELS['llama-3.1-8b'], or "
+                                f"models.resolve.resolve_model(source)), got {type(model).__name__} {model!r:.60}")
+
+
 def _summary(model: ModelSpec, quant, what: str):
+    _check_model(model)
     q = resolve_quant(quant) if quant is not None else None
     memo = plan_memo(model, q)
     if what not in memo:
