@@ -107,3 +107,27 @@ def text_lines(path: str | os.PathLike, *, what: str = "input", max_line_bytes: 
                 raise FileFormatError(f"{os.fspath(path)}:{n}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
                                       f"column {exc.start + 1}); {what} must be UTF-8") from None
             yield n, (text[1:] if n == 1 and text.startswith("\ufeff") else text)  # a byte-order mark is not data
+
+
+def interruptible(fn: Callable[..., object], *args: object, poll_s: float = 0.05) -> object:
+    """``fn(*args)`` in a worker thread while the main thread waits in short joins, so that Ctrl-C
+    stops the command at once even while a long foreign call (llama.cpp's quantizer through ctypes)
+    holds the worker: Python runs a signal handler only on the main thread, between bytecodes. The
+    worker is a daemon; the process exiting ends it."""
+    import threading
+
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # handed to the caller below
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True, name="inferlab-foreign-call")
+    t.start()
+    while t.is_alive():
+        t.join(poll_s)
+    if "error" in out:
+        raise out["error"]  # type: ignore[misc]
+    return out.get("value")

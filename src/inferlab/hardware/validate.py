@@ -147,8 +147,15 @@ def quantize(src: str, dst: str, preset: str, *, pure: bool = False, n_threads: 
     params.nthread = n_threads or (os.cpu_count() or 1)
     params.pure = pure
     tmp = dst + ".part"
-    with _quiet_fds() as said:  # llama.cpp logs every tensor to stderr
-        rc = llama_cpp.llama_model_quantize(src.encode(), tmp.encode(), ctypes.byref(params))
+    from ..fileio import interruptible
+
+    try:
+        with _quiet_fds() as said:  # llama.cpp logs every tensor to stderr
+            rc = interruptible(llama_cpp.llama_model_quantize, src.encode(), tmp.encode(), ctypes.byref(params))  # Ctrl-C stays live
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if rc != 0:
         last = [ln for ln in "".join(said).splitlines() if ln.strip()][-3:]
         raise NotSupportedError(f"llama_model_quantize({preset}) failed with code {rc} on {src}: {' | '.join(last)}")

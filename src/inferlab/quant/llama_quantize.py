@@ -60,7 +60,9 @@ def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, preset, n_thre
         params.imatrix = ctypes.cast(  # pyright: ignore[reportAttributeAccessIssue]  (the stub types only the typed pointer)
             keep[0], type(params.imatrix) if hasattr(type(params.imatrix), "contents") else ctypes.c_void_p)
     # byref() is a valid pointer argument; llama-cpp-python's annotation (CtypesPointerOrRef) does not admit ctypes' _CArgObject
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))  # pyright: ignore[reportArgumentType]
+    from ..fileio import interruptible
+
+    rc = interruptible(llama_cpp.llama_model_quantize, str(src).encode(), str(dst).encode(), ctypes.byref(params))  # Ctrl-C stays live
     del keep
     if rc != 0:
         raise FileFormatError(f"llama.cpp could not quantize {src} to {q.label} (llama_model_quantize returned {rc}; its log says why)")
