@@ -61,9 +61,12 @@ def _int(flags: dict[str, Any], key: str, default: Any) -> Any:
     if v is None:
         return default
     try:
-        return int(v)
+        n = int(v)
     except (TypeError, ValueError):
         raise InvalidValueError(f"{key} must be an integer, got {v!r}") from None
+    if n < 0 and key != "-ngl":  # counts and sizes; -ngl is read below as llama.cpp reads it
+        raise InvalidValueError(f"{key} must be >= 0, got {n}")
+    return n
 
 
 def _float(flags: dict[str, Any], key: str, default: Any) -> Any:
