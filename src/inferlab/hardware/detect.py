@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import UnknownNameError
 from .device import GB, Device, Machine
-from .probes import GpuInfo, ProbeReport, Runner, pcie_gbs, run_tool
+from .probes import PCIE_LANE_GBPS, GpuInfo, ProbeReport, Runner, pcie_gbs, run_tool
 from .probes.apple import AppleChip, probe_apple
 from .probes.cpu import CpuInfo, probe_cpu, usable_cpus
 from .probes.memory import MemoryInfo, probe_memory
@@ -27,7 +27,7 @@ from .probes.rocm import probe_rocm
 # Vector FP32 FLOP per cycle per core (two FMA pipes x lanes x 2): the estimate used only when
 # there is no calibration profile. Source: vendor optimisation manuals (Zen 2-4 and Skylake-SP+:
 # 2x256-bit or 2x512-bit FMA; Apple Firestorm: 4x128-bit FMA).
-PCIE_ASSUMED_GBS = pcie_gbs(4, 16)  # when no tool reports the link: PCIe 4.0 x16, the common desktop slot
+PCIE_ASSUMED_GBS: float = PCIE_LANE_GBPS[4] * 16  # when no tool reports the link: PCIe 4.0 x16 (pcie_gbs(4, 16)), the common desktop slot
 FP32_FLOP_PER_CYCLE = {"amx": 64, "avx512": 64, "avx2": 32, "neon": 32, "scalar": 4}
 
 
