@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import InferlabError, InvalidValueError, MissingDependencyError, NotSupportedError, UnknownNameError
-from ..models.spec import ModelSpec
+from ..models.spec import ModelSpec, TensorInfo
 
 
 @dataclass(frozen=True)
@@ -386,15 +386,22 @@ def physical_cores() -> int:
     return (cpu.physical_cores if cpu and cpu.physical_cores else None) or usable_cpus() or 1
 
 
+def _tensors(spec: ModelSpec) -> tuple[TensorInfo, ...]:
+    """The spec's tensor table (a GGUF's); a catalog spec has none to count."""
+    if spec.tensors is None:
+        raise InvalidValueError(f"{spec.name}: no tensor table (a catalog spec, not a GGUF file's); pass a model read from a GGUF")
+    return spec.tensors
+
+
 def decode_bytes_by_type(model_path: str) -> dict[str, int]:
     """Weight bytes one decode step reads, by ggml type, from the GGUF's tensor table: every
     tensor once, except token_embd (a row lookup: one row) unless the output head is tied to it."""
     from ..models.gguf_reader import model_from_gguf
 
-    spec = model_from_gguf(model_path)
-    tied = not any(t.name == "output.weight" for t in spec.tensors)
+    tensors = _tensors(model_from_gguf(model_path))
+    tied = not any(t.name == "output.weight" for t in tensors)
     out: dict[str, int] = {}
-    for t in spec.tensors:
+    for t in tensors:
         n = t.n_bytes
         if t.name == "token_embd.weight" and not tied:
             n = t.n_bytes // t.shape[-1] if len(t.shape) > 1 else n  # one row of n_vocab
@@ -500,10 +507,11 @@ def prefill_flops_by_type(spec: ModelSpec, n_prompt: int) -> dict[str, float]:
     weight per token; the output head (output.weight, or token_embd when tied) for the last
     token only (llama-bench, like a server, asks for the last token's logits); token_embd
     otherwise a row lookup. Attention (a few % at these lengths) is left out."""
-    tied = not any(t.name == "output.weight" for t in spec.tensors)
+    tensors = _tensors(spec)
+    tied = not any(t.name == "output.weight" for t in tensors)
     head = "token_embd.weight" if tied else "output.weight"
     out: dict[str, float] = {}
-    for t in spec.tensors:
+    for t in tensors:
         if len(t.shape) < 2 or t.ggml_type == "F32" or (t.name == "token_embd.weight" and not tied):
             continue
         tokens = 1 if t.name == head else n_prompt
@@ -552,7 +560,7 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
         if n_prompt:
             pp = n_prompt / cpu_prefill_s(machine.ram, prefill_flops_by_type(spec, n_prompt), n_threads,
                                           layer_tokens=spec.n_layers * n_prompt)
-        row = ValidationRow(name, preset, sum(_n_elements(t) for t in spec.tensors), sum(by_type.values()), n_threads,
+        row = ValidationRow(name, preset, sum(_n_elements(t) for t in _tensors(spec)), sum(by_type.values()), n_threads,
                             measured, limits, pp, pm_pp, pm_tg, why, rates_label(machine.ram))
         rows.append(row)
         if on_row:
