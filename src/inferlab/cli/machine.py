@@ -92,7 +92,6 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    con = _console() if not as_json else None
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=as_json) as progress:
         task = progress.add_task("calibrating", total=n_steps)
@@ -112,6 +111,7 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
     if as_json:
         click.echo(json.dumps(profile, indent=1))
     else:
+        con = _console()
         con.print(f"done in {profile['duration_s']:.1f} s" + (f"; profile {cal.profile_id(profile)} saved to {where}" if where else " (not saved)"))
         ref = (profile.get("llama_cpp") or {}).get("reference")
         if ref:
