@@ -76,7 +76,8 @@ def matmul_tflops(dtype: str, n: int | None = None, threads: int | None = None, 
                 return (lambda: torch.matmul(a, b)), f"torch {k}x{k} bfloat16 matmul ({torch.get_num_threads()} threads)"
             a = torch.randint(-128, 127, (k, k), dtype=torch.int8)
             b = torch.randint(-128, 127, (k, k), dtype=torch.int8)
-            return (lambda: torch._int_mm(a, b)), f"torch._int_mm {k}x{k} int8 -> int32 ({torch.get_num_threads()} threads)"
+            int_mm = torch._int_mm  # pyright: ignore[reportPrivateImportUsage]  (defined, checked above, not in torch's exported names)
+            return (lambda: int_mm(a, b)), f"torch._int_mm {k}x{k} int8 -> int32 ({torch.get_num_threads()} threads)"
     else:
         raise InvalidValueError(f"matmul dtype {dtype!r} is not one of fp32, bf16, int8")
     if n is None:  # size the problem: time a 256 product, scale n by the cube root of the time ratio
