@@ -199,6 +199,7 @@ def _animation(run, reqs, time_unit: str) -> dict[str, Any]:
     # last digits from the step-by-step run's; every count must be equal
     if {k: v for k, v in rec.summary.items() if k != "kv_mean_tokens"} != {k: v for k, v in run.summary.items() if k != "kv_mean_tokens"}:
         raise InvalidValueError(f"{run.engine}: the recorded run differs from the report's (the animation would not show it)")
+    assert rec.events is not None  # record_events=True: the run holds one StepEvents per step
     steps = [s.to_dict() for s in rec.events]
     out["events"] = steps
     out["state"] = frames_for(run.engine, steps, run.config, run.summary["kv_capacity_tokens"])

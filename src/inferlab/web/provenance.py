@@ -24,11 +24,12 @@ def _p(origin: str, source: str) -> dict[str, str]:
 
 def fit_provenance(report: Any) -> dict[str, dict[str, str]]:
     """Origin and source of every output of a FitReport the calculator shows."""
-    d = report if isinstance(report, dict) else report.to_dict()
+    d: dict[str, Any] = report if isinstance(report, dict) else report.to_dict()
     own_tensors = d.get("file") is not None and d["quant"].startswith("the file's own tensors")
     bytes_src = (_p("file", "the tensor table of the model file") if own_tensors else
                  _p("estimated", f"inferlab's tensor plan: the model's tensors x llama-quantize's rules for {d['quant']}"))
-    speed = _p("estimated", SPEED_MODELS.get(d["speed_model"], d["speed_model"]))
+    speed_model: str = d["speed_model"]
+    speed = _p("estimated", SPEED_MODELS.get(speed_model, speed_model))
     mach = next((f for f in d["figures"] if f["name"].endswith("memory")), None)
     cap = _p("catalog" if mach is None else mach["origin"],
              "device memory" + (f" ({mach['source']})" if mach else "") + ", less llama.cpp's --fit-target margin of 1024 MiB "
