@@ -26,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inferlab.kv_managers import RadixManager, Request, simulate  # noqa: E402
 
 SGLANG_VERSION = "0.5.23"  # the release compared with (its RadixCache; inferlab's tree is one for both versions)
+from _engine_import import engine_or_skip  # noqa: E402
+
 pytestmark = [pytest.mark.acceptance, pytest.mark.slow]
 
-eng = pytest.importorskip("_sglang_engine", reason=f"SGLang {SGLANG_VERSION} is not installed: "
+eng = engine_or_skip("_sglang_engine", reason=f"SGLang {SGLANG_VERSION} is not installed: "
                           f"pip install --no-deps sglang=={SGLANG_VERSION} (scripts/test does)")
 
 

@@ -21,9 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inferlab.kv_managers import PagedManager, Request, simulate  # noqa: E402
 
 VLLM_VERSION = "0.33.0"  # the release compared with; inferlab's version="0.33" models it
+from _engine_import import engine_or_skip  # noqa: E402
+
 pytestmark = [pytest.mark.acceptance, pytest.mark.slow]
 
-eng = pytest.importorskip("_vllm_engine", reason=f"vLLM {VLLM_VERSION} is not installed: "
+eng = engine_or_skip("_vllm_engine", reason=f"vLLM {VLLM_VERSION} is not installed: "
                           f"pip install --no-deps vllm=={VLLM_VERSION} (scripts/test does)")
 
 
