@@ -18,21 +18,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _llama_server import (LlamaServer, compare_concurrent, parse_log, run_concurrent, server_binary,  # noqa: E402
-                           simulate_concurrent, tiny_gguf)
+from _llama_server import (LlamaServer, compare_concurrent, parse_log, run_concurrent,   # noqa: E402
+                           simulate_concurrent)
 from _llama_server_cases import CONCURRENT  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
-
-@pytest.fixture(scope="module")
-def binary():
-    return server_binary()
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return tiny_gguf(tmp_path_factory.mktemp("llama_server") / "tiny.gguf")
 
 
 def requests_differing(diffs):

@@ -21,20 +21,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _llama_server import LlamaServer, compare, run_sequential, server_binary, simulate_sequential, tiny_gguf  # noqa: E402
+from _llama_server import LlamaServer, compare, run_sequential, simulate_sequential  # noqa: E402
 from _llama_server_cases import SEQUENTIAL, SEQUENTIAL_RANDOM  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
-
-@pytest.fixture(scope="module")
-def binary():
-    return server_binary()
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return tiny_gguf(tmp_path_factory.mktemp("llama_server") / "tiny.gguf")
 
 
 @pytest.mark.parametrize("case", SEQUENTIAL + SEQUENTIAL_RANDOM, ids=[c.name for c in SEQUENTIAL + SEQUENTIAL_RANDOM])
