@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 
 from ..errors import InferlabError, InvalidValueError, MissingDependencyError, check_positive
 from .measure import (BUSY_CPUS, STABLE_TOL, STEAL_MAX, Interference, Measurement, _numpy, _timed_parallel,  # noqa: F401 (calibrate's API)
-                      default_working_set_bytes, read_bandwidth_gbs, realtime, repeat_until_stable, watch)
+                      default_working_set_bytes, read_bandwidth_gbs, realtime, repeat_until_stable, usable_cpus, watch)
 from .profile import PROFILE_NAME, PROFILE_VERSION, config_dir, load_profile, profile_id, profile_path, save_profile  # noqa: F401
 
 
@@ -102,7 +102,7 @@ def matmul_tflops(dtype: str, n: int | None = None, threads: int | None = None, 
         run()
         return flop / (time.perf_counter() - t0) / 1e12
 
-    with watch(threads or os.cpu_count() or 1) as w:
+    with watch(threads or usable_cpus()) as w:
         samples = repeat_until_stable(one, at_least=repeats, at_most=max(3 * repeats, 6))
     return Measurement(f"{dtype} matmul", "TFLOP/s", tuple(samples), detail=how, interference=w.result)
 

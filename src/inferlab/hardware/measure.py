@@ -114,6 +114,14 @@ class Interference:
                 "load_avg": self.load_avg, "n_cpus": self.n_cpus, "problems": list(self.problems)}
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask; os.cpu_count() where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class watch:  # noqa: N801 (a context manager used as a function)
     """``with watch(threads) as w: ...`` then ``w.result``: the Interference over the block."""
 
@@ -122,7 +130,7 @@ class watch:  # noqa: N801 (a context manager used as a function)
         self.result: Interference | None = None
 
     def __enter__(self) -> "watch":
-        self.n = os.cpu_count() or 1
+        self.n = usable_cpus()
         try:
             self.load = os.getloadavg()[0]
         except (OSError, AttributeError):
