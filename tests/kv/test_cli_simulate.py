@@ -142,3 +142,27 @@ def test_the_service_layer_gives_each_runs_own_events():
         assert {k: v for k, v in run.summary.items() if k != "kv_mean_tokens"} == \
                {k: v for k, v in base.summary.items() if k != "kv_mean_tokens"}
     assert all(r.events is None for r in plain.runs) and all(js["events"] is None for js in plain.to_dict()["runs"])
+
+
+def test_cache_reuse_shifts_the_chunks_an_edited_history_kept(tmp_path):
+    """--cache-reuse N reaches llama.cpp's manager. A Mooncake trace of two turns on one slot: the
+    first prompt is blocks [1, 2, 3] (512 tokens each), the second drops block 2: [1, 3, 4].
+    By hand (update_slots' reuse loop): the common prefix is block 1 = 512 tokens. Without reuse
+    that is all the second turn keeps: cached 512. With --cache-reuse 256 the loop scans past the
+    cache's block 2 and finds block 3 (512 >= 256 tokens) where the prompt has it: 512 + 512 = 1024
+    cached. Prompts 1536 + 1536 = 3072 tokens in all; computed 3072 - 512 and 3072 - 1024."""
+    trace = tmp_path / "edited.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 1536, "output_length": 4, "hash_ids": [1, 2, 3]}\n'
+                     '{"timestamp": 60000, "input_length": 1536, "output_length": 4, "hash_ids": [1, 3, 4]}\n')
+    base = ["simulate", "--trace", str(trace), "--engine", "llamacpp", "--capacity-tokens", "8192", "--np", "1",
+            "--cache-ram", "0", "--json"]
+    runs = {}
+    for n in (0, 256):
+        res = CliRunner().invoke(cli, [*base, "--cache-reuse", str(n)])
+        assert res.exit_code == 0, res.output
+        runs[n] = by_engine(res.output)["llamacpp"]
+    assert runs[256]["config"]["cache_reuse"] == 256
+    assert runs[0]["summary"]["prefill_computed"] == 3072 - 512
+    assert runs[256]["summary"]["prefill_computed"] == 3072 - 1024
+    bad = CliRunner().invoke(cli, [*base, "--cache-reuse", "-1"])
+    assert bad.exit_code == 2 and "cache_reuse" in bad.output and "Traceback" not in bad.output

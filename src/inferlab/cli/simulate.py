@@ -111,7 +111,7 @@ def plot_timeline(runs, path) -> None:
         plt.close(fig)
 
 
-ENGINE_OPTIONS = {"llamacpp": ("n_parallel", "kv_unified", "cache_ram_mib", "llamacpp_version"),
+ENGINE_OPTIONS = {"llamacpp": ("n_parallel", "kv_unified", "cache_ram_mib", "cache_reuse", "llamacpp_version"),
                   "vllm": ("block_size", "max_num_batched_tokens", "max_num_seqs", "vllm_version"),
                   "sglang": ("page_size", "schedule_policy", "chunked_prefill_size", "sglang_version")}
 
@@ -155,6 +155,8 @@ def _warn_ignored(ctx, names, arrivals, model, timed) -> None:
 @click.option("--np", "n_parallel", type=int, help="llama.cpp: slots (-np; default auto = 4, unified KV).")
 @click.option("--kv-unified/--no-kv-unified", default=None, help="llama.cpp: one KV buffer for all slots.")
 @click.option("--cache-ram", "cache_ram_mib", type=float, help="llama.cpp: host prompt cache MiB (0 off, -1 unlimited).")
+@click.option("--cache-reuse", "cache_reuse", type=int,
+              help="llama.cpp: reuse cached chunks of at least N tokens after the common prefix, by KV shifting (0 off).")
 @click.option("--llamacpp-version", type=click.Choice(["2026", "2024"]))
 @click.option("--block-size", type=int, help="vLLM: tokens per block (16).")
 @click.option("--max-num-batched-tokens", type=int, help="vLLM: token budget per step (2048).")
@@ -168,7 +170,7 @@ def _warn_ignored(ctx, names, arrivals, model, timed) -> None:
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a timeline plot here (.png or .svg).")
 @click.pass_context
 def simulate(ctx, workload, trace, limit, arrivals, rate, seed, engines, capacity_tokens, model, machine, quant, speed_name, timed,
-             n_parallel, kv_unified, cache_ram_mib, llamacpp_version, block_size, max_num_batched_tokens,
+             n_parallel, kv_unified, cache_ram_mib, cache_reuse, llamacpp_version, block_size, max_num_batched_tokens,
              max_num_seqs, vllm_version, page_size, schedule_policy, chunked_prefill_size, sglang_version,
              as_json, plot):
     """Serve a workload or trace with each engine's KV manager and scheduler; compare side by side."""
@@ -185,7 +187,7 @@ def simulate(ctx, workload, trace, limit, arrivals, rate, seed, engines, capacit
     reqs = _requests(workload, trace, limit, arrivals, rate, seed)
     opts = {
         "llamacpp": {"n_parallel": n_parallel, "kv_unified": kv_unified, "cache_ram_mib": cache_ram_mib,
-                     "version": llamacpp_version},
+                     "cache_reuse": cache_reuse, "version": llamacpp_version},
         "vllm": {"block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
                  "max_num_seqs": max_num_seqs, "version": vllm_version},
         "sglang": {"page_size": page_size, "schedule_policy": schedule_policy,
