@@ -115,6 +115,28 @@ def sglang_adder_row(states: int = 300) -> dict:
             "agreeing_values": same, "unit": "random scheduler states"}
 
 
+def llamacpp_rows(repeat: int = 3) -> list[dict]:
+    """A real llama-server against SlotManager: runs benchmarks/conformance_llamacpp.py (it builds
+    or finds llama-server, runs every sequential case once and the concurrent ones ``repeat``
+    times) and turns its JSON into two rows."""
+    import subprocess
+
+    out = ROOT / "benchmarks" / "results" / "conformance_llamacpp.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "conformance_llamacpp.py"), "--repeat", str(repeat)],
+                   check=True, stdout=subprocess.DEVNULL)
+    d = json.loads(out.read_text())
+    seq, conc = d["sequential"], d["concurrent"]
+    version = d["llama_cpp_commit"][:7]
+    return [{"engine": "llama.cpp", "version": version, "compared": "llama-server, sequential token-id prompts",
+             "cases": seq["cases"], "cases_agreeing": sum(r["agree"] == r["requests"] for r in d["rows"] if r["kind"] == "sequential"),
+             "trace_requests": 0, "values": seq["requests"], "agreeing_values": seq["agree"],
+             "unit": "requests (slot, reused tokens, outcome, /slots)"},
+            {"engine": "llama.cpp", "version": version, "compared": f"llama-server, concurrent groups x {conc['runs'] // max(1, conc['cases'])} runs",
+             "cases": conc["runs"], "cases_agreeing": sum(r["agree_as_received"] == r["requests"] for r in d["rows"] if r["kind"] == "concurrent"),
+             "trace_requests": 0, "values": conc["requests"], "agreeing_values": conc["agree_as_received"],
+             "unit": "requests in the server's received order"}]
+
+
 def markdown(rows: list[dict]) -> str:
     out = ["| engine | version | compared | cases | trace requests | agreement |",
            "|---|---|---|---|---|---|"]
@@ -129,10 +151,16 @@ def markdown(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the rows to this file")
-    ap.add_argument("--engines", default="vllm,sglang,sglang-adder")
+    ap.add_argument("--engines", default="vllm,sglang,sglang-adder,llamacpp",
+                    help="rows to compute; llamacpp starts a real llama-server (minutes)")
+    ap.add_argument("--repeat", type=int, default=3, help="llamacpp: runs of each concurrent case")
     args = ap.parse_args()
-    fns = {"vllm": vllm_row, "sglang": sglang_row, "sglang-adder": sglang_adder_row}
-    rows = [fns[e]() for e in args.engines.split(",")]
+    fns = {"vllm": lambda: [vllm_row()], "sglang": lambda: [sglang_row()], "sglang-adder": lambda: [sglang_adder_row()],
+           "llamacpp": lambda: llamacpp_rows(args.repeat)}
+    unknown = [e for e in args.engines.split(",") if e not in fns]
+    if unknown:
+        ap.error(f"unknown --engines {unknown}; valid: {', '.join(fns)}")
+    rows = [r for e in args.engines.split(",") for r in fns[e]()]
     print(markdown(rows))  # noqa: T201  (a script: the table is its output)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
