@@ -83,3 +83,13 @@ def test_false_as_a_string_is_not_true(tmp_path):
     for v in ("false", "true", "0", 0, 1):
         (tmp_path / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": v}))
         assert_bad_input(run_cli("fit", tmp_path, "--on", "rtx4090"), "tie_word_embeddings")
+
+
+def test_a_context_past_llama_cpps_int_is_refused_not_priced():
+    """llama.cpp reads -c with std::stoi (common/arg.cpp, handler_int): 2^31 - 1 is the largest
+    context it accepts, and 2^31 throws before any memory is planned. inferlab answers 2^31 - 1
+    (it does not fit: 2^31 tokens of KV are terabytes) and refuses 2^31 as bad input."""
+    fits = run_cli(*BASE["fit"], "--ctx", str(2**31 - 1))
+    assert fits.returncode == 1, fits.stderr[-300:]  # priced, and too big for the machine
+    line = assert_bad_input(run_cli(*BASE["fit"], "--ctx", str(2**31)))
+    assert "2,147,483,648" in line and "32-bit" in line

@@ -28,6 +28,7 @@ MiB = 2**20
 GB = 1e9
 FIT_TARGET_BYTES = 1024 * MiB  # llama.cpp --fit-target default, per device
 FIT_CTX_MIN = 4096  # llama.cpp --fit-ctx default
+MAX_N_CTX = 2**31 - 1  # llama.cpp parses -c with std::stoi (common/arg.cpp): a 32-bit int
 N_UBATCH = 512  # llama.cpp -ub default: the physical batch that sizes compute buffers
 ORDERS = ("llama.cpp", "first-blocks", "lesson")  # "lesson": the seed lesson's name for "first-blocks"
 
@@ -324,6 +325,8 @@ def place(
         order = "first-blocks"  # one spelling inside
     if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0):
         raise InvalidValueError(f"n_ctx must be an integer number of tokens > 0, got {n_ctx!r}")
+    if n_ctx is not None and n_ctx > MAX_N_CTX:
+        raise InvalidValueError(f"n_ctx {n_ctx:,} is beyond what llama.cpp accepts: -c is a 32-bit int (at most {MAX_N_CTX:,})")
     L = model.n_layers
     if n_gpu_layers is not None and (not isinstance(n_gpu_layers, int) or n_gpu_layers < 0):
         raise InvalidValueError(f"n_gpu_layers must be an integer >= 0 (at most {L + 1} for {model.name}), got {n_gpu_layers!r}")
