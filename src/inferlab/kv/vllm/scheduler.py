@@ -136,11 +136,13 @@ class PagedManager(KVManager):
     # ---------------------------------------------------------------- scheduling
     def add(self, seq: VllmRequest, now: float) -> str | None:
         bs = self.block_size
-        if self.max_model_len is not None and seq.prompt_len > self.max_model_len:
-            return f"prompt of {seq.prompt_len} tokens exceeds max_model_len={self.max_model_len}"
+        if self.max_model_len is not None and seq.prompt_len >= self.max_model_len:
+            # InputProcessor._validate_model_input: room for the prompt and at least one output token
+            return (f"prompt of {seq.prompt_len} tokens plus at least one output token exceeds "
+                    f"max_model_len={self.max_model_len}")
         final = seq.prompt_len + seq.out_len - 1  # tokens with KV when the last token is sampled
         if self.max_model_len is not None:
-            final = min(final, self.max_model_len)
+            final = min(final, self.max_model_len - 1)  # check_stop ends it at num_tokens = max_model_len
         if -(-final // bs) > self.usable_blocks:
             return (f"needs {-(-final // bs)} KV blocks of {bs} tokens for {seq.prompt_len} prompt + "
                     f"{seq.out_len} new tokens; the pool has {self.usable_blocks} usable blocks")
@@ -177,9 +179,9 @@ class PagedManager(KVManager):
             if seq.num_output == 1 and seq.first_token_s is None:
                 first.append(seq)
             done = seq.num_output >= seq.out_len
-        mml = self.max_model_len
-        if not done and mml is not None and c >= mml and c >= seq.num_tokens - 1:
-            seq.truncated = done = True
+            mml = self.max_model_len
+            if not done and mml is not None and seq.num_tokens >= mml:  # check_stop: length capped
+                seq.truncated = done = True
         if done:
             finished.append(seq)
         return decode
@@ -231,8 +233,8 @@ class PagedManager(KVManager):
                 i += 1
                 continue
             num_new = min(seq.num_tokens - c, budget)
-            if mml is not None:
-                num_new = min(num_new, mml - c)
+            if mml is not None:  # the input position stays below max_model_len (one token is sampled)
+                num_new = min(num_new, mml - c - 1)
             if num_new <= 0:
                 i += 1
                 continue
@@ -388,7 +390,7 @@ class PagedManager(KVManager):
         # nobody finishes: out_len - num_output - 1 more tokens each, num_output = c - prompt_len + 1
         k = min(s.out_len + s.prompt_len - x for s, x in zip(running, c)) - 2
         if self.max_model_len is not None:
-            k = min(k, self.max_model_len - max(c) - 1)
+            k = min(k, self.max_model_len - max(c) - 2)  # nobody reaches num_tokens = max_model_len
         while k >= 2:  # enough free blocks for every new block in k steps: no preemption
             need = sum((x + k - 1) // bs - (x - 1) // bs for x in c)
             if need <= len(self.kv.pool.free):

@@ -1,0 +1,232 @@
+"""vLLM v1's scheduler rules, step by step, worked out by hand (vLLM 0.33.0's
+vllm/v1/core/sched/scheduler.py, sched/utils.py check_stop, v1/engine/input_processor.py,
+v1/core/kv_cache_manager.py, block_pool.py; docs/engines/vllm.md sections 6-8).
+
+Each step's work is read with a recording cost function: the simulator prices every step as
+``cost(prefill tokens, decode tokens, context tokens)`` (the tokens computed in the step, and the
+KV tokens the batch attends to: each scheduled request's num_computed after its tokens), so the
+per-step triples below are the scheduler's decisions, derived in the comments.
+"""
+
+import pytest
+
+from inferlab.kv.time_model import TimeModel
+from inferlab.kv.vllm.block_pool import FreeBlockQueue
+from inferlab.kv_managers import PagedManager, Request, simulate
+
+
+def ids(start, n):
+    return list(range(start, start + n))
+
+
+def steps_of(reqs, manager, **kw):
+    """The run and its steps as (prefill, decode, context) triples."""
+    steps = []
+
+    def cost(p, b, c):
+        steps.append((p, b, c))
+        return 1.0
+
+    run = simulate(reqs, manager, TimeModel(cost, name="recorder"), check_invariants=True, **kw)
+    return run, steps
+
+
+def test_the_last_prompt_token_of_a_chunked_prefill_counts_as_prefill():
+    # 18-token prompt, 3 new tokens, budget 17 tokens a step, blocks of 16.
+    # step 0: admitted, num_new = min(18, 17) = 17 prompt tokens (chunked), nothing sampled -> (17, 0, 17)
+    # step 1: the running loop schedules the 1 prompt token left (c 17 -> 18, inside block 1) and
+    #         samples token 1                                                          -> (1, 0, 18)
+    # steps 2, 3: one decode token each (c 18 -> 19 -> 20), tokens 2 and 3; 18 + 3 - 1 = 20 KV tokens
+    #         at the end                                                               -> (0, 1, 19), (0, 1, 20)
+    reqs = [Request("a", 0, ids(0, 18), 3)]
+    for ff in (True, False):
+        run, steps = steps_of(reqs, PagedManager(capacity_tokens=1024, max_num_batched_tokens=17), fast_forward=ff)
+        assert steps == [(17, 0, 17), (1, 0, 18), (0, 1, 19), (0, 1, 20)], ff
+        assert run.summary["prefill_tokens_total"] == 18 and run.summary["output_tokens"] == 3
+
+
+@pytest.mark.parametrize("mode", ["decode clock", "per-request loop", "max_model_len"])
+def test_one_decode_token_per_step_across_a_block_boundary(mode):
+    # 14-token prompt, 6 new tokens, blocks of 16. Step 0 prefills 14 and samples token 1; steps 1-5
+    # decode one token each: c = 14 -> 15 (inside block 0), 15 -> 16 (fills block 0: registered),
+    # 16 -> 17 (starts block 1: a new block), 17 -> 18, 18 -> 19; token 6 is sampled at c = 19.
+    # Context per step = c after the step's token. The same whichever path does the work: the
+    # decode batch on the clock, the per-request loop (decode_clock off), or with max_model_len
+    # (100: never reached; every decode goes through allocate_slots' general path).
+    want = [(14, 0, 14), (0, 1, 15), (0, 1, 16), (0, 1, 17), (0, 1, 18), (0, 1, 19)]
+    m = PagedManager(capacity_tokens=1024, max_model_len=100 if mode == "max_model_len" else None)
+    if mode == "per-request loop":
+        m.decode_clock = False
+    run, steps = steps_of([Request("a", 0, ids(0, 14), 6)], m, fast_forward=False)
+    assert steps == want
+    # two requests side by side: each step's decode count is the batch size, 2
+    m2 = PagedManager(capacity_tokens=1024, max_model_len=100 if mode == "max_model_len" else None)
+    if mode == "per-request loop":
+        m2.decode_clock = False
+    _, steps2 = steps_of([Request("a", 0, ids(0, 14), 6), Request("b", 0, ids(500, 14), 6)], m2, fast_forward=False)
+    assert steps2 == [(28, 0, 28)] + [(0, 2, 2 * c) for c in (15, 16, 17, 18, 19)]
+
+
+def test_a_decode_that_finds_no_free_block_preempts_the_newest_request():
+    # Blocks of 4, capacity 20 tokens: 5 blocks, block 0 is the null block -> 4 usable.
+    # a and b (4-token prompts, 6 new tokens each, nothing shared) both arrive at 0.
+    # step 0: admit a (1 block; 0.33's gate: the whole 4-token prompt fits), then b (1 block); both
+    #         prefill 4 and sample token 1; 2 free                                  -> (8, 0, 8)
+    # step 1: c 4 -> 5 each: each starts a block (2 -> 0 free)                     -> (0, 2, 10)
+    # steps 2-4: c -> 6, 7, 8 each (c 7 -> 8 fills block 1: registered)            -> (0, 2, 12) (0, 2, 14) (0, 2, 16)
+    # step 5: a's token 8 -> 9 starts a block; the free queue is empty: preempt the most recently
+    #         admitted running request, b (FCFS: running.pop()); its 2 blocks go back tail block first
+    #         (queue [b's 2nd, b's 1st], both hashed); a takes the head (b's 2nd block, evicting its
+    #         hash), computes c = 9 and samples its 6th token: done. No admission in a step that
+    #         preempted                                                               -> (0, 1, 9)
+    # step 6: a freed (its 3rd block unhashed: 0.33 puts it at the head). b (num_tokens 4 + 5 = 9)
+    #         looks up at most 8 tokens = 2 blocks: its 1st block still hashed (hit, 4 tokens), its
+    #         2nd evicted: num_new = 9 - 4 = 5; computes c = 9 and samples its 6th token -> (5, 0, 9)
+    # b: 1 preemption, 9 - 4 = 5 tokens recomputed, 0 cached at first admission.
+    reqs = [Request("a", 0, ids(0, 4), 6), Request("b", 0, ids(100, 4), 6)]
+    for clock in (True, False):
+        m = PagedManager(capacity_tokens=20, block_size=4)
+        m.decode_clock = clock
+        run, steps = steps_of(reqs, m, fast_forward=False)
+        assert steps == [(8, 0, 8), (0, 2, 10), (0, 2, 12), (0, 2, 14), (0, 2, 16), (0, 1, 9), (5, 0, 9)], clock
+        a, b = run.requests
+        assert (a.preemptions, b.preemptions) == (0, 1)
+        assert (b.recomputed_tokens, b.cached_tokens, b.output_tokens) == (5, 0, 6)
+        assert run.summary["preemptions"] == 1 and run.summary["recomputed_tokens"] == 5
+        assert run.summary["prefill_tokens_total"] == 8 + 5
+        assert (a.finish_s, b.finish_s) == (6.0, 7.0)
+        # 0.33's PrefixCacheStats at admission: a and b first (4 + 4 queried, 0 hit); b's resume
+        # counts apart (preempted: 9 queried, 4 hit)
+        assert (m.kv.queries, m.kv.hits, m.kv.preempted_queries, m.kv.preempted_hits) == (8, 0, 9, 4)
+
+
+def test_max_model_len_caps_prompt_plus_output():
+    # check_stop: a request stops when num_tokens (prompt + output) reaches max_model_len; the input
+    # processor refuses a prompt of max_model_len tokens or more (no room for one output token).
+    # max_model_len 12: a 10-token prompt yields 12 - 10 = 2 tokens (truncated, asked 10), an
+    # 11-token one 1, a 3-token one 9 of 20; a 10-token prompt asking 2 gets them, not truncated;
+    # a 12-token prompt is refused. (Checked against vLLM 0.33.0's own Scheduler with
+    # max_model_len=12: 2, 1, 9 output tokens.)
+    def one(prompt, out):
+        run = simulate([Request("a", 0, ids(100, prompt), out)],
+                       PagedManager(capacity_tokens=256, block_size=4, max_model_len=12), check_invariants=True)
+        r = run.requests[0]
+        return r.output_tokens, r.truncated, r.rejected is not None
+
+    assert one(10, 10) == (2, True, False)
+    assert one(11, 5) == (1, True, False)
+    assert one(3, 20) == (9, True, False)
+    assert one(10, 2) == (2, False, False)
+    assert one(12, 3) == (0, False, True)
+
+
+def test_max_model_len_bounds_the_blocks_a_request_needs():
+    # capacity 64 in blocks of 16: 4 blocks, 3 usable (48 tokens). With max_model_len 49 a request
+    # holds at most 49 - 1 = 48 tokens of KV (it stops at num_tokens = 49, the last sampled token
+    # never computed): a 40-token prompt asking 100 fits in 3 blocks and yields 49 - 40 = 9 tokens;
+    # with max_model_len 50 it would need 49 tokens = 4 blocks: refused.
+    ok = simulate([Request("a", 0, ids(0, 40), 100)], PagedManager(capacity_tokens=64, max_model_len=49),
+                  check_invariants=True)
+    assert (ok.summary["finished"], ok.requests[0].output_tokens, ok.requests[0].truncated) == (1, 9, True)
+    no = simulate([Request("a", 0, ids(0, 40), 100)], PagedManager(capacity_tokens=64, max_model_len=50))
+    assert no.summary["rejected"] == 1
+
+
+def test_decode_fast_forward_stops_before_max_model_len():
+    # With max_model_len 40 a 10-token prompt yields 30 tokens whatever it asks (100): the decode
+    # fast-forward (stretches of pure decode steps applied at once) must stop short of the step
+    # that reaches num_tokens = 40: same tokens, steps and per-step contexts as stepping one by one.
+    # Steps: prefill (10, 0, 10), then 29 decodes with c = 11 .. 39.
+    want = [(10, 0, 10)] + [(0, 1, c) for c in range(11, 40)]
+    for ff in (True, False):
+        run, steps = steps_of([Request("a", 0, ids(0, 10), 100)], PagedManager(capacity_tokens=1024, max_model_len=40),
+                              fast_forward=ff)
+        assert steps == want, ff
+        assert run.requests[0].output_tokens == 30 and run.summary["steps"] == 30
+
+
+def test_compaction_of_the_free_queue_keeps_its_order():
+    # FreeBlockQueue drops touched blocks lazily and rebuilds its lists once more than COMPACT_AT
+    # stale copies pile up; the queue (head to tail) must be what a plain list gives: blocks
+    # 1..5000 appended, every odd one removed (touched by a hit), then 10 popped from the head.
+    q = FreeBlockQueue([], list(range(1, 5001)))
+    plain = list(range(1, 5001))
+    odd = list(range(1, 5001, 2))
+    q.remove_n(odd)
+    plain = [b for b in plain if b % 2 == 0]
+    assert len(q) == 2500
+    got, keys = q.popleft_n(10)
+    assert got == plain[:10] == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20] and keys == [None] * 10
+    assert [b for b, _ in q.items()] == plain[10:]
+
+
+def test_a_block_hash_chains_its_parent_so_a_lookalike_block_lends_nothing():
+    # vLLM hashes block i as hash(parent block's hash, block i's tokens): equal tokens under a
+    # different parent are a different block. Blocks of 4, 4 usable blocks (capacity 20).
+    # P (13 tokens: [0..3] [100..103] [500..503] [900], 1 new token) runs alone: 4 blocks p0..p3;
+    #   p0..p2 registered, p3 (1 token) not. Freed: 0.33 puts the unhashed p3 at the head, the
+    #   hashed ones tail block first: queue [p3, p2, p1, p0].
+    # Q (12 tokens: [0..3] [200..203] [500..503]) at 10: looks up 11 tokens = 2 blocks: block 0
+    #   hits p0 (same tokens, same parent), block 1 misses. Needs 3 - 1 = 2 new blocks: p3, then p2
+    #   (evicting P's block 2). Q's block 2 holds P's block-2 tokens under another parent: its hash
+    #   differs from P's. Q freed: queue [p1, p2, p3, p0].
+    # R (P's prompt again) at 20: looks up 12 tokens = 3 blocks: p0 hits, p1 (P's block 1, still
+    #   hashed) hits, P's block 2 was evicted and Q's lookalike does not count: 8 tokens hit.
+    P = ids(0, 4) + ids(100, 4) + ids(500, 4) + [900]
+    Q = ids(0, 4) + ids(200, 4) + ids(500, 4)
+    reqs = [Request("P", 0, P, 1), Request("Q", 10, Q, 1), Request("R", 20, P, 1)]
+    run = simulate(reqs, PagedManager(capacity_tokens=20, block_size=4), check_invariants=True)
+    assert [r.cached_tokens for r in run.requests] == [0, 4, 8]
+
+
+def test_allocate_slots_for_a_decode_token_inside_a_block_does_nothing():
+    # KVCacheManager.allocate_slots (vLLM: num_tokens_need_slot = num_computed + 1; blocks needed =
+    # cdiv(that, block_size) - held): a decode token at c = 5 in blocks of 4 (held: 2 blocks for
+    # tokens 0-7) needs no block and fills none (6 // 4 = 1 full block, registered already).
+    from inferlab.kv.vllm.kv_cache_manager import KVCacheManager, VllmRequest
+
+    for mml in (None, 64):
+        kv = KVCacheManager(10, block_size=4, enable_prefix_caching=True, max_model_len=mml,
+                            watermark_blocks=0, version="0.33")
+        req = VllmRequest(Request("a", 0, ids(0, 5), 4), 0)
+        assert kv.allocate_slots(req, 5, admitting=True, running=False)  # the prompt: 2 blocks, 1 full
+        req.num_computed, req.num_output = 5, 1
+        free = kv.pool.num_free
+        assert (len(req.blocks), req.num_cached_blocks, free) == (2, 1, 9 - 2)
+        assert kv.allocate_slots(req, 1)  # c 5 -> 6: inside block 1
+        assert (len(req.blocks), req.num_cached_blocks, kv.pool.num_free) == (2, 1, free)
+        req.num_computed, req.num_output = 7, 3
+        assert kv.allocate_slots(req, 1)  # c 7 -> 8: fills block 1: registered, no new block
+        assert (len(req.blocks), req.num_cached_blocks, kv.pool.num_free) == (2, 2, free)
+        req.num_computed, req.num_output = 8, 4
+        assert kv.allocate_slots(req, 1)  # c 8 -> 9: starts block 2
+        assert (len(req.blocks), req.num_cached_blocks, kv.pool.num_free) == (3, 2, free - 1)
+
+
+def test_a_resumed_request_with_all_but_one_token_cached_is_one_decode_token():
+    # Blocks of 4, 4 usable (capacity 20). x: prompt [0..3], reply 100..107 (given); b arrives at 4
+    # with x's prompt + x's first 4 reply tokens as its prompt and x's next 4 as its reply: b's
+    # tokens are x's tokens.
+    # steps 0-3: x prefills 4 (block x0), then decodes c 4 -> 8 (block x1 from c 4 -> 5)
+    #            -> (4, 0, 4), (0, 1, 5), (0, 1, 6), (0, 1, 7)
+    # step 4: x 7 -> 8 fills x1 (registered). b: looks up (8 - 1) // 4 = 1 block: x0 hits; computes
+    #         4 tokens in a new block b1 (registered under x1's hash: a duplicate) and samples
+    #         -> (4, 1, 8 + 8); 1 block free
+    # step 5: x 8 -> 9 starts a block: takes the last free one. b 8 -> 9 needs one: none free, the
+    #         newest running request is b itself: preempted (b1 freed, hashed; x0 stays with x)
+    #         -> (0, 1, 9)
+    # step 6: x 9 -> 10. b (9 tokens) looks up 2 blocks: x0 and x1 (the first block registered
+    #         under that hash) hit 8 tokens; num_new = 1, one new block (b1 again): a token
+    #         past the prompt with a token already sampled is a decode token  -> (0, 2, 10 + 9)
+    # step 7: x 10 -> 11 samples its 8th token (done); b 9 -> 10          -> (0, 2, 11 + 10)
+    # step 8: b 10 -> 11 samples its 4th token (done)                     -> (0, 1, 11)
+    # b: 4 cached at first admission, 1 preemption, 9 - 8 = 1 token recomputed. (The same as vLLM
+    # 0.33.0's own Scheduler on these requests: b scheduled 4, 1, 1, 1 tokens, finishing at step 9.)
+    reqs = [Request("x", 0, ids(0, 4), 8, output=ids(100, 8)),
+            Request("b", 4, ids(0, 4) + ids(100, 4), 4, output=ids(104, 4))]
+    run, steps = steps_of(reqs, PagedManager(capacity_tokens=20, block_size=4), fast_forward=False)
+    assert steps == [(4, 0, 4), (0, 1, 5), (0, 1, 6), (0, 1, 7), (4, 1, 16), (0, 1, 9), (0, 2, 19), (0, 2, 21),
+                     (0, 1, 11)]
+    x, b = run.requests
+    assert (b.cached_tokens, b.preemptions, b.recomputed_tokens) == (4, 1, 1)
+    assert (x.finish_s, b.finish_s) == (8.0, 9.0)
