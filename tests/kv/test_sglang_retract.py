@@ -154,13 +154,13 @@ def test_prefill_allocation_evicts_the_shortfall_in_0_5_23(version, tree_left):
 
 @pytest.mark.parametrize("version", ["0.5.2", "0.5.23"])
 def test_an_allocation_that_fits_the_free_cells_evicts_nothing(version):
-    # `if available_size() < num_tokens: evict(...)`: 10 cells, a cached 2-token leaf, 8 free;
-    # an 8-token prompt (max_new 1: 8 + 1 [+ 1] < 10) allocates exactly the 8 free cells, so
-    # the leaf stays; the prompt then enters the tree beside it: 2 + 8.
-    m = RadixManager(capacity_tokens=10, version=version)
-    cache(m, [70_000, 70_001])
+    # `if available_size() < num_tokens: evict(...)`: 11 cells, a cached 3-token leaf, 8 free;
+    # an 8-token prompt (max_new 1: 8 + 1 [+ 1] < 11) allocates exactly the 8 free cells, so
+    # the leaf stays; the prompt then enters the tree beside it: 3 + 8.
+    m = RadixManager(capacity_tokens=11, version=version)
+    cache(m, [70_000, 70_001, 70_002])
     run = simulate([Request("a", 0, ids(0, 8), 1)], m, check_invariants=True)
-    assert run.requests[0].rejected is None and m.tree.total_tokens == 10
+    assert run.requests[0].rejected is None and m.tree.total_tokens == 11
 
 
 # ------------------------------------------------------------------ the new-token ratio
