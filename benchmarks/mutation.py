@@ -87,6 +87,12 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
     ("perf/placement.py", "if len(pre.memo) > 4096:", "const -1"): "the memo's size bound: the same layouts",
     ("perf/placement.py", "if len(pre.memo) > 4096:", "const +1"): "the memo's size bound: the same layouts",
     ("perf/placement.py", "if len(pre.memo) > 4096:", "cmp Gt->GtE"): "the memo's size bound: the same layouts",
+    ("kv/sglang/schedule_policy.py", "return 0 * new_token_ratio", "binop Mult->Div"):
+        "0 / ratio == 0 * ratio == 0 for every ratio the scheduler holds: it never falls below min = init * 0.14, "
+        "and init = min(0.7 * schedule_conservativeness, 1) with conservativeness > 0 (checked)",
+    ("kv/sglang/schedule_policy.py", "if max(map(_out_len, running)) <= CLIP_MAX_NEW_TOKENS:", "cmp LtE->Lt"):
+        "when the longest max_new_tokens is exactly 4096 the clipping branch sums min(out - done, 4096) = out - done, "
+        "the unclipped branch's figure",
     ("runtime/tokenizer.py", "for k in range(1, len(merged)):", "const -1"):
         "the split at 0 pairs the empty piece with the whole one; no vocabulary holds the empty piece",
     ("runtime/tokenizer.py", "found.sort(key=lambda m: m[:3])", "const +1"):
