@@ -147,17 +147,25 @@ def test_decode_fast_forward_stops_before_max_model_len():
 
 def test_compaction_of_the_free_queue_keeps_its_order():
     # FreeBlockQueue drops touched blocks lazily and rebuilds its lists once more than COMPACT_AT
-    # stale copies pile up; the queue (head to tail) must be what a plain list gives: blocks
-    # 1..5000 appended, every odd one removed (touched by a hit), then 10 popped from the head.
-    q = FreeBlockQueue([], list(range(1, 5001)))
-    plain = list(range(1, 5001))
-    odd = list(range(1, 5001, 2))
-    q.remove_n(odd)
-    plain = [b for b in plain if b % 2 == 0]
-    assert len(q) == 2500
+    # (4096) stale copies make up over half of it, and drops its consumed front once more than
+    # 4096 entries were popped; the queue (head to tail) must stay what a plain list gives.
+    # Blocks 1..10000 free; hits touch 1..3000 (3000 stale: no rebuild), then 3001..6000 (6000 stale
+    # of 10000: rebuilt to 6001..10000); 10 pops give 6001..6010; 1..5000 freed again at the tail
+    # (8990 entries); 4100 pops (4110 consumed, not over half: kept), then 400 (4510 of 8990: the
+    # consumed front is dropped); left: 511..5000.
+    q = FreeBlockQueue([], list(range(1, 10001)))
+    q.remove_n(list(range(1, 3001)))
+    assert len(q) == 7000 and q.num_stale == 3000
+    q.remove_n(list(range(3001, 6001)))
+    assert len(q) == 4000 and q.num_stale == 0 and q.tail[0] == 6001  # rebuilt from the live blocks
     got, keys = q.popleft_n(10)
-    assert got == plain[:10] == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20] and keys == [None] * 10
-    assert [b for b, _ in q.items()] == plain[10:]
+    assert got == list(range(6001, 6011)) and keys == [None] * 10
+    q.append_n(list(range(1, 5001)), [None] * 5000)  # 5000 blocks freed again, at the tail
+    got, _ = q.popleft_n(4100)  # 4110 consumed of 8990 entries: not yet over half
+    assert got == list(range(6011, 10001)) + list(range(1, 111)) and q.start == 4110
+    got, _ = q.popleft_n(400)  # 4510 consumed of 8990: over half: the consumed front is dropped
+    assert got == list(range(111, 511)) and q.start == 0
+    assert [b for b, _ in q.items()] == list(range(511, 5001)) and len(q) == 4490
 
 
 def test_a_block_hash_chains_its_parent_so_a_lookalike_block_lends_nothing():
@@ -230,3 +238,17 @@ def test_a_resumed_request_with_all_but_one_token_cached_is_one_decode_token():
     x, b = run.requests
     assert (b.cached_tokens, b.preemptions, b.recomputed_tokens) == (4, 1, 1)
     assert (x.finish_s, b.finish_s) == (8.0, 9.0)
+
+
+def test_defaults_are_the_api_servers_on_a_small_gpu():
+    # EngineArgs.get_batch_defaults (vllm serve, GPUs under 70 GiB): max_num_batched_tokens 2048,
+    # max_num_seqs 256.
+    # 257 one-token prompts (2 new tokens each) at once: step 0 admits 256 (max_num_seqs; 256 of the
+    # 2048-token budget), the 257th waits; step 1 decodes the 256 (they finish); step 2 admits it.
+    reqs = [Request(k, 0, [k], 2) for k in range(257)]
+    run, steps = steps_of(reqs, PagedManager(capacity_tokens=16 * 300))
+    assert steps[:3] == [(256, 0, 256), (0, 256, 512), (1, 0, 1)]
+    assert [r.queue_s for r in run.requests].count(0.0) == 256 and run.requests[-1].queue_s == 2.0
+    # a 3000-token prompt is chunked to the 2048-token budget: 2048, then 952 (sampling its token)
+    run, steps = steps_of([Request("a", 0, ids(0, 3000), 1)], PagedManager(capacity_tokens=16 * 300))
+    assert steps == [(2048, 0, 2048), (952, 0, 3000)]
