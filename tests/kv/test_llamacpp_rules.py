@@ -147,3 +147,32 @@ def test_update_floors_the_state_size_per_token_at_one_byte():
         d.alloc(_runs(i), 100, 200)
     d.update()
     assert d.n_tokens() == 500
+
+
+def test_alloc_takes_an_entry_exactly_the_size_of_the_limit():
+    # server_prompt_cache::alloc skips a state only when state_size > limit_size; one of exactly
+    # limit_size bytes is saved after the older entries make room (all of them here).
+    c = PromptCache(1000, 10_000)
+    assert c.alloc(_runs(0), 100, 400) and c.alloc(_runs(1), 100, 400)
+    assert c.alloc(_runs(2), 100, 1000)
+    assert [e.runs for e in c.states] == [_runs(2)] and c.size() == 1000
+    assert not c.alloc(_runs(3), 100, 1001)  # one byte over: skipped, the entry stays
+    assert [e.runs for e in c.states] == [_runs(2)]
+
+
+def test_update_in_single_precision_can_drop_an_entry_at_the_byte_limit():
+    # update's limit_tokens_cur = max(limit_tokens, limit_size / size_per_token) is float
+    # arithmetic truncated to an integer. A 1,000-byte cache holding A (10 tokens, 500 bytes) and B
+    # (3 tokens, 500 bytes): size_per_token = float(1000 / 13) = 76.92308044... (rounded up from
+    # 76.9230769...), 1000 / that = 12.9999995 -> float 12.999999046 -> 12 tokens. 13 cached tokens
+    # are over 12 (limit_tokens 5 is lower): the oldest entry, A, goes although both fit the bytes.
+    c = PromptCache(1000, 5)
+    assert c.alloc(_runs(0, 10), 10, 500) and c.alloc(_runs(1, 3), 3, 500)
+    c.update()
+    assert [e.runs for e in c.states] == [_runs(1, 3)]
+    # 14 tokens in the same bytes: float(1000 / 14) = 71.42857361 (rounded down), 1000 / that =
+    # 14.00000008 -> float 14.0 -> 14: both stay
+    d = PromptCache(1000, 5)
+    assert d.alloc(_runs(0, 11), 11, 500) and d.alloc(_runs(1, 3), 3, 500)
+    d.update()
+    assert d.n_tokens() == 14
