@@ -475,7 +475,13 @@ def check_ngl_sweep(sweep: dict, speed: SpeedModel | None = None) -> dict:
         rows.append({"ngl": pt["ngl"], "ngl_model": ngl, "nkvo": m["nkvo"], "full": ngl == full and not m["nkvo"], "zero": ngl == 0,
                      "tg": pt.get("tg"), "pp": pt.get("pp"),
                      "tg_split": (d["cpu_s"], d["gpu_s"]), "pp_split": (f["cpu_s"] / n_prompt, f["gpu_s"] / n_prompt)})
-    out = {"id": sweep["id"], "metrics": {}}
+    return {"id": sweep["id"], "metrics": _score_sweep(sweep, rows, "ngl")}
+
+
+def _score_sweep(sweep: dict, rows: list[dict], knob: str, scales: dict[str, Any] | None = None) -> dict:
+    """Per metric (tg, pp): anchor the model's (CPU-side, GPU-side) split of each point (scales given,
+    else the sweep's two ends, else 2-scale least squares), predict, and find the largest step."""
+    out: dict[str, Any] = {}
     for k in ("tg", "pp"):
         sel = [r for r in rows if r[k]]
         if len(sel) < 3:
@@ -485,24 +491,87 @@ def check_ngl_sweep(sweep: dict, speed: SpeedModel | None = None) -> dict:
         g = [r[f"{k}_split"][1] for r in sel]
         zero = next((i for i, r in enumerate(sel) if r["zero"]), None)
         top = next((i for i, r in enumerate(sel) if r["full"]), None)
-        if zero is not None and top is not None and c[zero] > 0 and g[top] > 0:
-            a, b = t[zero] / (c[zero] + g[zero] * 0), t[top] / g[top]  # the two ends: all on the CPU side, all on the GPU
+        if scales is not None and k in scales:
+            (a, b), anchors, method = scales[k], set(), "scales from " + str(scales.get("from", "another sweep"))
+        elif zero is not None and top is not None and c[zero] > 0 and g[top] > 0:
+            b = t[top] / g[top]  # full offload: all on the GPU side
+            # the other end: -ngl 0 is all CPU side (its GPU share is nil); --n-cpu-moe n_layers keeps the
+            # dense weights and the cache on the GPU, so that end's CPU scale is what the GPU side leaves
+            a = t[zero] / c[zero] if knob == "ngl" else (t[zero] - b * g[zero]) / c[zero]
             anchors, method = {zero, top}, "ends"
         else:
             a, b = _fit_two_scales(c, g, t)
             anchors, method = set(), "least squares (2 scales)"
         pred = [1 / (a * ci + b * gi) for ci, gi in zip(c, g)]
-        pts = [{"ngl": r["ngl"], "measured": r[k], "predicted": pv, "err": pv / r[k] - 1, "anchor": i in anchors}
+        pts = [{knob: r[knob], "measured": r[k], "predicted": pv, "err": pv / r[k] - 1, "anchor": i in anchors}
                for i, (r, pv) in enumerate(zip(sel, pred))]
-        steps = [(sel[i]["ngl"], sel[i + 1]["ngl"], sel[i + 1][k] / sel[i][k], pred[i + 1] / pred[i]) for i in range(len(sel) - 1)]
+        steps = [(sel[i][knob], sel[i + 1][knob], sel[i + 1][k] / sel[i][k], pred[i + 1] / pred[i]) for i in range(len(sel) - 1)]
         jm = max(steps, key=lambda s: s[2])
         jp = max(steps, key=lambda s: s[3])
         ratios = sorted((s[2] for s in steps), reverse=True)
         distinct = len(ratios) < 2 or ratios[0] >= JUMP_DISTINCT * ratios[1]  # the measured largest step stands out from the next
         errs = [abs(x["err"]) for x in pts if not x["anchor"]]
-        out["metrics"][k] = {"method": method, "cpu_scale": a, "gpu_scale": b, "points": pts,
-                             "jump_measured": [jm[0], jm[1]], "jump_predicted": [jp[0], jp[1]], "jump_distinct": distinct,
-                             "checked": k in sweep.get("metrics_checked", ("tg", "pp")),
-                             "median_abs_err": statistics.median(errs) if errs else None, "max_abs_err": max(errs) if errs else None,
-                             "n_checked": len(errs)}
+        out[k] = {"method": method, "cpu_scale": a, "gpu_scale": b, "points": pts,
+                  "jump_measured": [jm[0], jm[1]], "jump_predicted": [jp[0], jp[1]], "jump_distinct": distinct,
+                  "checked": k in sweep.get("metrics_checked", ("tg", "pp")),
+                  "median_abs_err": statistics.median(errs) if errs else None, "max_abs_err": max(errs) if errs else None,
+                  "n_checked": len(errs)}
     return out
+
+
+def check_n_cpu_moe_sweep(sweep: dict, speed: SpeedModel | None = None, scales: dict[str, Any] | None = None) -> dict:
+    """The model's curve for one published --n-cpu-moe sweep (data/ngl_sweeps.json "n_cpu_moe_sweeps"):
+    every block on the GPU (-ngl n_layers + 1), the routed experts of the first N blocks in host RAM.
+    Points are taken in decreasing N (each step moves experts back to the GPU); anchored as
+    check_ngl_sweep, or by `scales` ({"tg": (cpu, gpu), "pp": ..., "from": name}) fitted on another
+    sweep of the same machine, when every point is a prediction. Besides the anchored curve it gives
+    per metric the seconds per token each block's experts cost on the host, measured and predicted
+    (the slope of 1/(t/s) against N, least squares), the model's unscaled slope on the proxies, and
+    whether the measured and predicted curves are monotone."""
+    from ..models.catalog import MODELS
+
+    speed = replace(speed or CALIBRATED(), n_ubatch=sweep.get("n_ubatch", 512))
+    model = MODELS[sweep["model_id"]]
+    mc = _sweep_machine(sweep)
+    n_prompt, n_gen = sweep.get("n_prompt", 512), sweep.get("n_gen", 128)
+    L = model.n_layers
+    rows = []
+    for pt in sorted(sweep["points"], key=lambda x: -x["n_cpu_moe"]):
+        n = min(pt["n_cpu_moe"], L)
+        p = place(model, mc, "preset:" + sweep["quant"], n_ctx=n_prompt + n_gen, n_gpu_layers=L + 1, n_cpu_moe=n)
+        d = decode_step_time(p, mc, n_gen // 2, 1, speed)
+        f = prefill_time(p, mc, n_prompt, speed)
+        rows.append({"n_cpu_moe": pt["n_cpu_moe"], "zero": n == L, "full": n == 0, "tg": pt.get("tg"), "pp": pt.get("pp"),
+                     "tg_split": (d["cpu_s"], d["gpu_s"]), "pp_split": (f["cpu_s"] / n_prompt, f["gpu_s"] / n_prompt)})
+    metrics = _score_sweep(sweep, rows, "n_cpu_moe", scales)
+    for k, m in metrics.items():
+        sel = [r for r in rows if r[k]]
+        ns = [r["n_cpu_moe"] for r in sel]
+        m["slope_measured_s"] = _slope(ns, [1 / r[k] for r in sel])  # seconds per token per block whose experts stay on the host
+        m["slope_predicted_s"] = _slope(ns, [1 / p["predicted"] for p in m["points"]])
+        m["slope_unscaled_s"] = _slope(ns, [sum(r[f"{k}_split"]) for r in sel])
+        meas = [p["measured"] for p in m["points"]]
+        pred = [p["predicted"] for p in m["points"]]
+        m["monotone_measured"] = all(y > x for x, y in zip(meas, meas[1:]))  # faster with every block's experts back on the GPU
+        m["monotone_predicted"] = all(y > x for x, y in zip(pred, pred[1:]))
+    return {"id": sweep["id"], "metrics": metrics}
+
+
+def check_n_cpu_moe_sweeps(speed: SpeedModel | None = None) -> list[dict]:
+    """check_n_cpu_moe_sweep for every sweep of the data file, a sweep with 'scales_from' taking the
+    scales fitted on the one it names (the same machine), so that every one of its points is predicted."""
+    sweeps = ngl_sweeps()["n_cpu_moe_sweeps"]
+    done: dict[str, dict] = {}
+    for s in sorted(sweeps, key=lambda x: "scales_from" in x):  # the sweeps others take their scales from first
+        scales = None
+        if "scales_from" in s:
+            src = done[s["scales_from"]]["metrics"]
+            scales = {k: (m["cpu_scale"], m["gpu_scale"]) for k, m in src.items()} | {"from": s["scales_from"]}
+        done[s["id"]] = check_n_cpu_moe_sweep(s, speed, scales)
+    return [done[s["id"]] for s in sweeps]
+
+
+def _slope(x: list[float], y: list[float]) -> float:
+    """Least-squares slope of y against x."""
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)

@@ -215,7 +215,10 @@ def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: S
         flops = n_tokens * (d.flops_per_token + d.attn_flops_per_token_ctx * avg_ctx)
         if d.has_output and not model.prefill_head_every_token:
             flops -= (n_tokens - 1) * head  # logits for the batch's last token only
-        if not flops:
+        # --n-cpu-moe: the host holds GPU blocks' routed experts but owns none of their FLOPs (they stay on
+        # the GPU's share: op offload runs them there); it still pays their PCIe copy below, so it is not skipped
+        holds_weights = h.is_cpu and (d.dense_read_bytes or d.expert_bytes)
+        if not flops and not holds_weights:
             per.append({"device": d.name, "s": 0.0, "compute_s": 0.0, "transfer_s": 0.0, "where": h.name})
             continue
         host_attn_s = 0.0
