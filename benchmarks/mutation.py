@@ -67,6 +67,9 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
     ("perf/speed.py", '"bound": "compute" if comp_s > mem_s', "cmp Gt->GtE"):
         "differs only when compute and memory take exactly the same seconds, where both roofs bind and the label "
         "is a convention (the step time is max() of the two either way)",
+    ("perf/speed.py", "nkvo_blocks = sum(g.n_blocks for g in placement.devices[1:]", "const -1"):
+        "devices[0:] adds the host, which never holds a block without its cache (with -nkvo it holds every cache, "
+        "without it its own blocks'; every layer caches K/V or a latent), so it adds 0 blocks",
     ("perf/kv_size.py", "if context <= 0:", "cmp LtE->Lt"):
         "at context 0 the general formula gives the same zeros (min(0, window) and 0 cells)",
     ("quant/plan.py", "if hit is not None and hit[0] is model.tensors:", "const +1"):
