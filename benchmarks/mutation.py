@@ -2,6 +2,8 @@
 
     flock /tmp/inferlab-heavy.lock python benchmarks/mutation.py [--per-target 25] [--seed 1]
         [--targets speed,placement,...] [--timeout-factor 4] [--json benchmarks/results/mutation.json]
+    python benchmarks/mutation.py --merge benchmarks/results/mutation_core.json mutation_sglang.json ... \
+        --json benchmarks/results/mutation.json   # runs made apart (one per target), counted as one
 
 Each mutant changes one AST node of one core module: a comparison flipped (< <=, > >=, == !=,
 in / not in, is / is not), + and - swapped, * and / swapped, a term dropped (a + b -> a, a - b -> a),
@@ -50,7 +52,8 @@ TARGETS = {
     "llamacpp": (["kv/llamacpp/server.py", "kv/llamacpp/slots.py", "kv/llamacpp/prompt_cache.py"], ["tests/kv"]),
     "vllm": (["kv/vllm/block_pool.py", "kv/vllm/kv_cache_manager.py", "kv/vllm/scheduler.py"], ["tests/kv"]),
     "sglang": (["kv/sglang/radix_cache.py", "kv/sglang/schedule_policy.py", "kv/sglang/scheduler.py"], ["tests/kv"]),
-    "tokenizer": (["runtime/tokenizer.py"], ["tests/runtime/test_vocab_files.py", "tests/runtime/test_tokenizer_edges.py"]),
+    "tokenizer": (["runtime/tokenizer.py"], ["tests/runtime/test_vocab_files.py", "tests/runtime/test_tokenizer_edges.py",
+                                            "tests/runtime/test_tokenizer_template.py"]),
 }
 
 KV_TARGETS = ("llamacpp", "vllm", "sglang")
@@ -315,6 +318,67 @@ def _baseline(work: Path, tests: list[str]) -> tuple[float, list[str]]:
     raise SystemExit(f"the unmutated subset {tests} keeps failing: {deselect}")
 
 
+def _share(c: dict) -> float | None:
+    denom = c["killed"] + c["timeout"] + c["survived"]
+    return (c["killed"] + c["timeout"]) / denom if denom else None
+
+
+def merge(paths: list[str], out: str) -> dict:
+    """One result from several runs' files (one run per target, e.g. the core and each engine's KV
+    managers run apart): the mutants of every part, counted again per target and in total. A survivor
+    that EQUIVALENT now explains (listed after its run) counts as equivalent, and one it no longer
+    explains as a survivor; both are marked "reclassified_at_merge". Each part's command is kept."""
+    parts, mutants, sites_of, source_of = [], [], {}, {}
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        for name, c in d["targets"].items():
+            if name in source_of:
+                raise SystemExit(f"target {name!r} is in both {source_of[name]} and {p}: merge one run per target")
+            source_of[name], sites_of[name] = p, c.get("sites")
+        parts.append({"file": os.path.relpath(p, REPO) if os.path.isabs(p) else p, "command": d.get("command"), "date": d.get("date"),
+                      "seed": d.get("seed"), "per_target": d.get("per_target"), "per_kv_target": d.get("per_kv_target"),
+                      "seconds": d.get("seconds"), "targets": list(d["targets"])})
+        mutants += d["mutants"]
+    per_target: dict[str, dict] = {name: {"killed": 0, "survived": 0, "equivalent": 0, "timeout": 0, "sites": sites_of[name], "mutants": 0,
+                                          "from": source_of[name]} for name in source_of}
+    for r in mutants:
+        if r["status"] in ("survived", "equivalent"):
+            why = equivalent_because(r["module"], r["source_line"], r["mutation"], r["node"])
+            status = "equivalent" if why else "survived"
+            if status != r["status"]:
+                r["status"], r["reclassified_at_merge"] = status, True
+            if why:
+                r["equivalent_because"] = why
+            else:
+                r.pop("equivalent_because", None)
+        c = per_target[r["target"]]
+        c[r["status"]] += 1
+        c["mutants"] += 1
+    for c in per_target.values():
+        c["killed_share"] = _share(c)
+    total_killed = sum(c["killed"] + c["timeout"] for c in per_target.values())
+    total = sum(c["killed"] + c["timeout"] + c["survived"] for c in per_target.values())
+    summary = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(["benchmarks/mutation.py", *sys.argv[1:]]),
+               "merged_from": parts, "killed": total_killed, "non_equivalent": total,
+               "killed_share": total_killed / total if total else None,
+               "shares": {name: c["killed_share"] for name, c in per_target.items()},
+               "below_90_percent": [name for name, c in per_target.items() if c["killed_share"] is not None and c["killed_share"] < 0.9],
+               "targets": per_target, "survivors": [r for r in mutants if r["status"] == "survived"],
+               "equivalent": [r for r in mutants if r["status"] == "equivalent"], "mutants": mutants}
+    for name, c in per_target.items():
+        share = f"{c['killed_share']:.0%}" if c["killed_share"] is not None else "-"
+        print(f"[{name}] killed {c['killed'] + c['timeout']} of {c['killed'] + c['timeout'] + c['survived']} non-equivalent ({share}), "
+              f"{c['equivalent']} equivalent  ({c['from']})")
+    share = f"{summary['killed_share']:.1%}" if summary["killed_share"] is not None else "-"
+    print(f"\nkilled {total_killed} of {total} non-equivalent mutants ({share}) over {len(per_target)} targets from {len(parts)} files")
+    for r in summary["survivors"]:
+        print(f"  SURVIVED {r['module']}:{r['line']} {r['mutation']}: {r['node'][:60]!r} in {r['source_line'][:100]!r}")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    Path(out).write_text(json.dumps(summary, indent=1))
+    print(f"wrote {out}")
+    return summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
@@ -325,7 +389,11 @@ def main() -> None:
     ap.add_argument("--timeout-factor", type=float, default=4.0)
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "mutation.json"))
     ap.add_argument("--keep", action="store_true", help="keep the /tmp/mut-* copy")
+    ap.add_argument("--merge", nargs="+", metavar="RESULT.json", help="combine these runs' files (one run per target) into --json; runs nothing")
     args = ap.parse_args()
+    if args.merge:
+        merge(args.merge, args.json)
+        return
     names = [t.strip() for t in args.targets.split(",") if t.strip()]
     unknown = [t for t in names if t not in TARGETS]
     if unknown:
