@@ -483,3 +483,50 @@ def test_page_size_16_tree_keys_by_first_page_and_stores_whole_pages():
     assert t.match_prefix(runs_of_list(a), 31)[0] == 16
     # inserting b adds its second page only (16 present): total 32 + 16
     assert t.insert(runs_of_list(b), 40)[0] == 16 and t.total_tokens == 48
+
+
+def test_eviction_stops_once_enough_is_freed():
+    # `while freed < num_tokens and heap`: evict(5) frees X (5 == 5) and stops; Y and P stay.
+    P, X, Y = ids(0, 10), ids(100, 5), ids(200, 5)
+    t = tree_of(P + X, P + Y)
+    assert t.evict(5) == 5 and t.total_tokens == 15
+    assert t.match_prefix(runs_of_list(P + Y), 15)[0] == 15
+
+
+def test_a_locked_parent_left_bare_is_not_evicted():
+    # A request holds P itself (its match ends at P's node). evict(100) frees the leaves X and Y;
+    # P is now a leaf but locked, so it is not pushed: 10 freed, P's 10 tokens stay.
+    P, X, Y = ids(0, 10), ids(100, 5), ids(200, 5)
+    t = tree_of(P + X, P + Y)
+    n, node = t.match_prefix(runs_of_list(P + ids(900, 5)), 15)
+    assert n == 10
+    t.inc_lock(node)
+    assert t.evict(100) == 10 and t.total_tokens == 10 and t.evictable_tokens == 0
+
+
+def test_a_match_touches_only_the_nodes_it_walks():
+    # match_prefix updates last_access of the nodes it traverses. P + X then P + Y inserted (Y
+    # newer). A match of P + X limited to 10 tokens stops at P without touching X, so X is still
+    # the least recently used leaf: evict(1) takes X (5). A full match of P + X touches X:
+    # then Y goes first.
+    P, X, Y = ids(0, 10), ids(100, 5), ids(200, 5)
+    for limit, gone in ((10, X), (15, Y)):
+        t = tree_of(P + X, P + Y)
+        t.match_prefix(runs_of_list(P + X), limit)
+        assert t.evict(1) == 5
+        assert t.match_prefix(runs_of_list(P + gone), 15)[0] == 10
+
+
+def test_a_page_floored_match_inside_an_edge_across_runs():
+    # page 16. The tree holds one 32-token edge of three runs: 0-9, 100-105, 200-215. The query
+    # shares 10 + 6 + 4 = 20 tokens, then parts (999...): the common prefix 20 floors to one page
+    # (16, which ends exactly where the second run ends) and the edge splits there. Inserting the
+    # query (32 tokens) finds those 16 present and adds its second page: 32 + 16 cells.
+    stored = ids(0, 10) + ids(100, 6) + ids(200, 16)
+    query = ids(0, 10) + ids(100, 6) + ids(200, 4) + ids(999, 12)
+    t = tree_of(stored, page_size=16)
+    assert t.match_prefix(runs_of_list(query), 32)[0] == 16
+    (upper,) = t.root.children.values()
+    assert upper.length == 16 and [c.length for c in upper.children.values()] == [16]
+    assert t.insert(runs_of_list(query), 32)[0] == 16 and t.total_tokens == 48
+    assert t.match_prefix(runs_of_list(query), 32)[0] == 32
