@@ -351,3 +351,96 @@ def test_an_empty_batch_reserves_nothing_even_at_ratio_one():
     run = simulate([Request("a", 0, ids(0, 50), 48)], m)
     (r,) = run.requests
     assert r.rejected is None and r.ttft_s == 1.0 and r.output_tokens == 48
+
+
+# ------------------------------------------------------------------ more of the loop
+
+def test_disabled_radix_cache_shares_nothing_and_orders_fcfs():
+    # --disable-radix-cache (ChunkCache): no prefix match, nothing enters a tree, and a
+    # cache-aware policy falls back to FCFS (_validate_and_adjust_policy). a then b with the same
+    # 20-token prompt: b hits 0; the hit rate is 0 / (0 + 40) = 0.0.
+    m = RadixManager(capacity_tokens=1000, disable_radix_cache=True)
+    run = simulate([Request("a", 0, ids(0, 20), 3), Request("b", 10, ids(0, 20), 3)], m, check_invariants=True)
+    assert [r.cached_tokens for r in run.requests] == [0, 0]
+    assert m.tree.total_tokens == 0 and run.summary["hit_rate"] == 0.0
+    # lpm without a cache: x (waiting first) before y, although y would match w's 40 tokens
+    reqs = [Request("w", 0, ids(0, 40), 1), Request("z", 5, ids(5000, 8), 30),
+            Request("x", 6, ids(900, 40), 1), Request("y", 6, ids(0, 40) + ids(950, 5), 1)]
+    run = simulate(reqs, RadixManager(capacity_tokens=1024, schedule_policy="lpm", max_running_requests=1,
+                                      disable_radix_cache=True), check_invariants=True)
+    r = {x.id: x for x in run.requests}
+    assert r["x"].finish_s < r["y"].finish_s and r["y"].cached_tokens == 0
+
+
+def test_the_aborted_last_request_is_reported_as_rejected_by_the_step():
+    # One request holding all 30 cells cannot decode its next token: the step aborts it (0.5.23)
+    # and returns it among the rejected; nothing decodes.
+    m = RadixManager(capacity_tokens=30)
+    (s,) = running(m, [("r0", 10, 21)])
+    st = m.step(0.0)
+    assert st.rejected == [s] and st.decode_tokens == 0 and m.running == [] and m.private_tokens == 0
+
+
+def test_peak_concurrency_counts_a_prefill_batch():
+    # a and b (max_new 1) are prefilled together and finish at prefill: the only step runs 2.
+    run = simulate([Request("a", 0, ids(0, 10), 1), Request("b", 0, ids(100, 10), 1)], RadixManager(capacity_tokens=1000))
+    assert run.summary["peak_concurrency"] == 2 and run.summary["steps"] == 1
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_decode_context_is_priced_on_both_decode_paths(page):
+    # as test_fast_forward_prices_each_step_at_its_context; page 16 takes the per-request
+    # decode loop (no fast-forward): contexts 10 (prefill), 11, 12, 13 -> 4.46 either way.
+    tm = TimeModel.linear(prefill_tok_per_s=10, decode_step_s=1.0, per_context_token_s=0.01)
+    run = simulate([Request("a", 0, ids(0, 10), 4)], RadixManager(capacity_tokens=1000, page_size=page), tm)
+    assert run.requests[0].finish_s == pytest.approx(4.46)
+
+
+def test_check_drained_finds_what_was_left_behind():
+    from inferlab.kv.simulator import InvariantError
+    m = RadixManager(capacity_tokens=1000)
+    m.check_drained()  # empty
+    running(m, [("r0", 10, 3)])
+    with pytest.raises(InvariantError):
+        m.check_drained()  # a request still running (and its 12 private cells)
+    m = RadixManager(capacity_tokens=1000)
+    m.waiting.append(SglangRequest(Request("w", 0, ids(0, 5), 3), 0))
+    with pytest.raises(InvariantError):
+        m.check_drained()
+    m = RadixManager(capacity_tokens=1000)
+    cache(m, ids(0, 10))
+    _, node = m.tree.match_prefix(runs_of_list(ids(0, 10)), 10)
+    m.tree.inc_lock(node)  # a lock nobody holds
+    with pytest.raises(InvariantError):
+        m.check_drained()
+
+
+def test_rejection_names_the_pool_and_the_cells_needed():
+    # prompt 300, max_new 10, pool 256: cells at the last token 300 + 9 = 309; the admission
+    # check needs 300 + 10 + 1 (page) < pool, i.e. 312 cells: it names the larger, 312.
+    m = RadixManager(capacity_tokens=256)
+    why = m.add(SglangRequest(Request("big", 0, ids(0, 300), 10), 0), 0.0)
+    assert why == "prompt of 300 + 10 new tokens cannot fit the token pool of 256 (needs 312)"
+    with pytest.raises(InvalidValueError):
+        from inferlab.kv.simulator import Seq
+        m.add(Seq(Request("plain", 0, ids(0, 5), 1), 1), 0.0)
+
+
+def test_0_5_23_a_full_request_pool_skips_the_priority_computation():
+    # `get_num_allocatable_reqs(running_bs) <= 0 and not chunked_req` -> batch full, return before
+    # calc_priority: with max_running_requests 1 and one request running, the step decodes and the
+    # fcfs refresh counter does not move.
+    m = RadixManager(capacity_tokens=1000, max_running_requests=1)
+    running(m, [("r0", 10, 3)])
+    m.waiting.append(SglangRequest(Request("w", 0, ids(90_000, 5), 3), 9))
+    st = m.step(0.0)
+    assert st.decode_tokens == 1 and m.priority_calls == 0 and m.batch_is_full
+
+
+def test_0_5_2_has_no_waiting_prefix_refresh():
+    # 0.5.2's calc_priority returns at once for FCFS; only 0.5.23 counts (and refreshes) its calls.
+    reqs = [Request(f"r{k}", k, ids(100 * k, 8), 2) for k in range(5)]
+    m2, m23 = RadixManager(capacity_tokens=1000, version="0.5.2"), RadixManager(capacity_tokens=1000)
+    simulate(reqs, m2)
+    simulate(reqs, m23)
+    assert m2.priority_calls == 0 and m23.priority_calls == 5  # one prefill round per arrival
