@@ -176,3 +176,49 @@ def test_update_in_single_precision_can_drop_an_entry_at_the_byte_limit():
     assert d.alloc(_runs(0, 11), 11, 500) and d.alloc(_runs(1, 3), 3, 500)
     d.update()
     assert d.n_tokens() == 14
+
+
+def test_2024_builds_serve_one_request_at_a_time_by_default():
+    # 2024 servers default to -np 1 (one slot); 2026's -np auto resolves to 4 unified slots.
+    # Two 4-token prompts (2 new tokens each) at 0, 2024: B waits (deferred) until A's slot is
+    # released: A steps 0-1, B steps 2-3 -> (4, 0, 4), (0, 1, 5), (4, 0, 4), (0, 1, 5).
+    # 2026: both at once -> (8, 0, 8), (0, 2, 10).
+    reqs = [Request("A", 0, ids(0, 4), 2), Request("B", 0, ids(100, 4), 2)]
+    old = SlotManager(4096, version="2024")
+    assert old.n_parallel == 1
+    run, steps = steps_of(reqs, old)
+    assert steps == [(4, 0, 4), (0, 1, 5), (4, 0, 4), (0, 1, 5)]
+    assert by_id(run)["B"].queue_s == 2.0
+    new = SlotManager(4096)
+    assert new.n_parallel == 4
+    _, steps = steps_of(reqs, new)
+    assert steps == [(8, 0, 8), (0, 2, 10)]
+
+
+def test_a_slot_holding_a_single_token_is_chosen_by_similarity():
+    # get_available_slot skips only empty slots; a slot holding 1 token that begins the new prompt
+    # shares 1 / 2 = 0.5 > 0.10 of it. Two slots (split KV), no RAM cache.
+    # B (4 tokens, 1 new) -> slot 1 (never-used slots tie: the last), released at t_last 1; A ([7],
+    # 1 new) at 5 -> shares nothing with slot 1: LRU takes slot 0 (never used), released at t_last 2,
+    # holding 1 + 1 - 1 = 1 token. C ([7, 99]) at 10: slot 0 shares 1 token (0.5): C takes slot 0
+    # (LRU alone would take slot 1, the older one) and reuses 1 token.
+    reqs = [Request("B", 0, ids(50, 4), 1), Request("A", 5, [7], 1), Request("C", 10, [7, 99], 1)]
+    m = SlotManager(4096, n_parallel=2, cache_ram_mib=0)
+    run = simulate(reqs, m, check_invariants=True)
+    assert (m.slot_of("B"), m.slot_of("A"), m.slot_of("C")) == (1, 0, 0)
+    assert by_id(run)["C"].cached_tokens == 1
+
+
+def test_a_batch_too_big_for_the_free_cells_is_decoded_in_halved_views():
+    # -c 20 (ctx_pad 1), 2 unified slots, no RAM cache; A and B (12 tokens each) at 0: B -> slot 0,
+    # A -> slot 1. The batch holds B's 12 then A's 12 prompt tokens = 24 > 20 free cells: no idle
+    # slot to purge, so the view halves 2048 -> ... -> 16 (fits): B's 12 (done: B samples) and A's
+    # first 4; then the rest (8) halves to 4 = the 4 cells left: A's next 4; then A's last 4 find no
+    # cell even one at a time: "Context size has been exceeded", both slots released.
+    # The step: 20 prompt tokens; context = B 12 + A 4 + A 8 = 24.
+    reqs = [Request("A", 0, ids(0, 12), 5), Request("B", 0, ids(100, 12), 5)]
+    run, steps = steps_of(reqs, SlotManager(20, n_parallel=2, kv_unified=True, ctx_pad=1, cache_ram_mib=0))
+    assert steps == [(20, 0, 24)]
+    r = by_id(run)
+    assert r["A"].rejected == r["B"].rejected == CONTEXT_EXCEEDED
+    assert (r["A"].output_tokens, r["B"].output_tokens) == (0, 1)
