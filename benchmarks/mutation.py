@@ -139,6 +139,18 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
         "over-counts the blocks k decode steps need, so the decode fast-forward only gets shorter (k halves, or "
         "the steps are taken one by one, which give the same records); what moves is the float rounding of summed "
         "step times and kv_mean's trapezoid over a stretch (battery: records equal but for last-digit rounding)",
+    ("kv/vllm/scheduler.py", "if c > s.prompt_len + s.out_len - 2 or len(s.blocks) != -(-c // bs) or (",
+     "boolop Or->And"):
+        "weakens _check_decode_clock, the decode clock's invariant check (an oracle the tests call, like "
+        "check_invariants): with a correct clock it passes either way",
+    ("kv/vllm/block_pool.py", "if self.num_stale > self.COMPACT_AT and self.num_stale * 2 > len(self.tail) - self.start:",
+     "cmp Gt->GtE"):
+        "the free queue's rebuild from its own live entries happens one stale copy earlier: the same queue "
+        "(test_paged compares rebuilds at any point with a plain list)",
+    ("kv/llamacpp/prompt_cache.py", "if self.limit_size > 0:", "const +1"):
+        "in update(): alloc keeps size() <= limit_size (it skips a state over the limit and evicts for room), so "
+        "update's byte loop never evicts, and with a 1-byte limit limit_size / size_per_token <= 1 <= limit_tokens; "
+        "(the same text in alloc is not equivalent: test_alloc_makes_room_under_a_one_byte_limit kills it there)",
     ("kv/llamacpp/server.py", "if n_past == seq.prompt_len and n_past > 0:", "cmp Gt->GtE"):
         "differs only when n_past == prompt_len == 0, an empty prompt: Request refuses one, and llama.cpp's "
         "update_slots releases a slot with an empty prompt before this rule",

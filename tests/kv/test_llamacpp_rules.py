@@ -222,3 +222,11 @@ def test_a_batch_too_big_for_the_free_cells_is_decoded_in_halved_views():
     r = by_id(run)
     assert r["A"].rejected == r["B"].rejected == CONTEXT_EXCEEDED
     assert (r["A"].output_tokens, r["B"].output_tokens) == (0, 1)
+
+
+def test_alloc_makes_room_under_a_one_byte_limit():
+    # alloc evicts the oldest entries while size() + the new state's size > limit_size: with a
+    # 1-byte limit a second 1-byte state pushes the first one out.
+    c = PromptCache(1, 100)
+    assert c.alloc(_runs(0, 10), 10, 1) and c.alloc(_runs(1, 10), 10, 1)
+    assert [e.runs for e in c.states] == [_runs(1, 10)] and c.size() == 1

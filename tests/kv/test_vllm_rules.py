@@ -252,3 +252,39 @@ def test_defaults_are_the_api_servers_on_a_small_gpu():
     # a 3000-token prompt is chunked to the 2048-token budget: 2048, then 952 (sampling its token)
     run, steps = steps_of([Request("a", 0, ids(0, 3000), 1)], PagedManager(capacity_tokens=16 * 300))
     assert steps == [(2048, 0, 2048), (952, 0, 3000)]
+
+
+def test_freeing_a_table_whose_shared_block_is_not_a_prefix():
+    # Blocks of 4, 49 usable (capacity 200); 0.33's free queue starts as blocks 1..49, all unhashed.
+    # D ([0..3], 1 new) at 0: block 1, registered as k0; freed at once (hashed, to the tail).
+    # R ([0..3], reply 10..17) at 1 looks up (4 - 1) // 4 = 0 blocks: computes its own block 2 under
+    #   k0 (a duplicate: lookups still return block 1); block 3 from c 4 -> 5, filled at c 8 and
+    #   registered as k1; block 4 from c 8 -> 9 (step 6).
+    # S ([0..3] [10..13] [20], 2 new) at 6 looks up 2 blocks: k0 -> block 1 (free: taken out of the
+    #   queue), k1 -> block 3 (R's): 8 tokens hit; one new block, 5. S's table [1, 3, 5]: its shared
+    #   block (3) is not a prefix of it, so freeing S goes block by block, tail first: 5 (no hash) to
+    #   the head, 3 only loses S's reference, 1 (hashed) to the tail. R then frees [2, 3, 4]: 4 (no
+    #   hash) to the head, 3 and 2 (hashed, tail first) to the tail.
+    # Queue at the end, head to tail: 4, 5, 6 .. 49, 1, 3, 2 (the same in vLLM 0.33.0's BlockPool).
+    reqs = [Request("D", 0, ids(0, 4), 1), Request("R", 1, ids(0, 4), 8, output=ids(10, 8)),
+            Request("S", 6, ids(0, 4) + ids(10, 4) + [20], 2)]
+    m = PagedManager(capacity_tokens=200, block_size=4)
+    run = simulate(reqs, m, check_invariants=True)
+    assert [r.cached_tokens for r in run.requests] == [0, 0, 8]
+    assert m.free_queue() == [4, 5, *range(6, 50), 1, 3, 2]
+
+
+def test_the_last_token_of_the_budget_goes_to_a_running_request():
+    # max_num_batched_tokens 2, max_num_seqs 2, max_model_len 100 (so every request goes through the
+    # per-request loop). A and B: 2-token prompts, 3 new tokens, at 0.
+    # step 0: A admitted with the whole budget (2 tokens), samples; B waits (no budget) -> (2, 0, 2)
+    # step 1: A decodes (1 left); B admitted with a 1-token chunk                        -> (1, 1, 3 + 1)
+    # step 2: A decodes its 3rd token (done); the last budget token goes to B's last prompt
+    #         token (running requests first): B samples                                  -> (1, 1, 4 + 2)
+    # steps 3, 4: B decodes                                                              -> (0, 1, 3), (0, 1, 4)
+    # (vLLM 0.33.0's Scheduler schedules B 1, 1, 1, 1 tokens in steps 1-4 too.)
+    reqs = [Request("A", 0, ids(0, 2), 3), Request("B", 0, ids(100, 2), 3)]
+    m = PagedManager(capacity_tokens=1024, max_num_batched_tokens=2, max_num_seqs=2, max_model_len=100)
+    run, steps = steps_of(reqs, m)
+    assert steps == [(2, 0, 2), (1, 1, 4), (1, 1, 6), (0, 1, 3), (0, 1, 4)]
+    assert [r.finish_s for r in run.requests] == [3.0, 5.0]
