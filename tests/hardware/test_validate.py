@@ -263,3 +263,44 @@ def test_random_block_toys_of_the_imatrix_types_load_and_run_in_llama_cpp(tiny_f
     assert q.n_bytes == gt(ggml_type).tensor_bytes((256, 256))  # 256 rows of one block each
     r = v.llama_bench(path, 1, n_prompt=16, n_gen=4, repetitions=1)
     assert r.tg > 0 and r.pp > 0
+
+
+def test_runs_of_two_rounds_merge_into_one_row_scored_on_the_fastest_of_both():
+    """validate's rounds: a model run again minutes later keeps both runs' repetitions. Round 1
+    ran tg 330, 329 and 320 tok/s (a slow spell of the VM), round 2 425 and 424: the row's best
+    is 425, its two fastest (425, 424) agree, so it is not flagged; pp 1000, 990 then 1010."""
+    a = v.BenchResult("x.gguf", 2, 64, 32, (1000.0, 990.0), (330.0, 329.0, 320.0))
+    b = v.BenchResult("x.gguf", 2, 64, 32, (1010.0,), (425.0, 424.0))
+    both = a.merged(b)
+    assert both.tg_tok_s == (330.0, 329.0, 320.0, 425.0, 424.0) and both.pp_tok_s == (1000.0, 990.0, 1010.0)
+    assert both.best("tg") == 425.0 and both.disagreement("tg") == pytest.approx(1 / 425)
+    with pytest.raises(InvalidValueError, match="different tests"):
+        a.merged(v.BenchResult("y.gguf", 2, 64, 32, (), (1.0,)))
+    with pytest.raises(InvalidValueError, match="rounds"):
+        v.validate_llama_cpp(models=(), rounds=0)
+
+
+def test_calibrate_keeps_every_rounds_samples_of_a_figure():
+    """calibrate's llama.cpp figures are timed in rounds (one pass over every step, then another):
+    two steps with the same key are one figure with both rounds' samples. Round 1: 330, 329 tok/s
+    on a busy machine (its interference names a problem); round 2: 425, 424 on a quiet one. The
+    figure is 425, its two best agree (gap 1/425), and the interference kept is round 2's (the
+    round of the fastest repetition): the busy round does not make the profile's figure suspect."""
+    from inferlab.hardware import calibrate as cal
+    from inferlab.hardware.measure import Interference
+
+    busy = Interference(others_cpus=1.9, free_cpus=0.0, steal_share=0.0, load_avg=3.0, n_cpus=2)  # 1.9 CPUs of others: busy
+    quiet = Interference(others_cpus=0.0, free_cpus=0.0, steal_share=0.0, load_avg=0.1, n_cpus=2)
+    assert busy.problems and not quiet.problems
+    extra = {"n_layer": 6, "bytes_by_type": {"Q4_0": 7e7}}
+    rounds = iter([cal.Measurement("llama.cpp tg", "tok/s", (330.0, 329.0), interference=busy, extra=extra),
+                   cal.Measurement("llama.cpp tg", "tok/s", (425.0, 424.0), interference=quiet, extra=extra)])
+    step = cal.Step("llama_cpp.runs.toy-wide.Q4_0.2.tg", "x", lambda: next(rounds))
+    profile = cal.run_calibration([step, step], gpu=False)
+    got = profile["llama_cpp"]["runs"]["toy-wide"]["Q4_0"]["2"]["tg"]
+    assert got["samples"] == [330.0, 329.0, 425.0, 424.0] and got["best"] == 425.0 and got["rounds"] == 2
+    assert got["best_two_gap"] == pytest.approx(1 / 425) and got["extra"] == extra
+    assert got["interference"]["problems"] == [] and len(got["interference_rounds"]) == 2
+    assert not [p for p in cal.problems(profile) if "toy-wide" in p]
+    with pytest.raises(InvalidValueError, match="rounds"):
+        cal.llama_cpp_plan(("Q4_0",), rounds=0)

@@ -74,11 +74,17 @@ TOY_MODELS: dict[str, ToyConfig] = {
     # from the bytes, and prefill's kernels are seen at both ends of the widths of small models
     "toy-thin": ToyConfig("toy-thin", n_embd=512, n_layer=24, n_ff=1536, n_head=8, n_head_kv=4),
     "toy-wide": ToyConfig("toy-wide", n_embd=1024, n_layer=6, n_ff=4096, n_head=16, n_head_kv=4),
-    # wide and ~9x the L3 cache of a desktop or server CPU as Q8_0 (280 MB a step): calibrate's
-    # memory-bound decode runs, for the share of the read bandwidth llama.cpp's decode reaches
+    # wide and ~30x the L3 cache of a desktop or server CPU as F32 (1.04 GB a step): calibrate's
+    # memory-bound decode runs, for the bandwidth llama.cpp's decode reaches
     "toy-stream": ToyConfig("toy-stream", n_embd=1024, n_layer=15, n_ff=4096, n_head=16, n_head_kv=4),
 }
-STREAM_MODEL, STREAM_TYPES = "toy-stream", ("Q8_0",)
+# F32: the fewest instructions per byte of any type (one FMA per 4 bytes), so the step waits on
+# memory, not on the dequantize+dot kernel. Q8_0 was used before and is compute-bound on a fast
+# core: on this Zen 5 VM (2 threads) toy-stream Q8_0 streamed 32 GB/s while toy-wide F32 streamed
+# 59 GB/s (2026-12-01), so the bandwidth limit came out 1.8x too low and small models that
+# llama.cpp runs at its kernels' rate were predicted bandwidth-bound and too slow (toy-125m
+# Q4_K_M -21 %)
+STREAM_MODEL, STREAM_TYPES = "toy-stream", ("F32",)
 # `inferlab calibrate --engine llama.cpp` fits this machine's rates on these two shapes (and its
 # decode bandwidth share on toy-stream) only; toy-125m, toy-smol, toy-200m, toy-290m and the real
 # SmolLM2-135M file are held out for validation.
@@ -287,6 +293,13 @@ class BenchResult:
         """(fastest - second fastest) / fastest repetition: how far apart the repetitions are."""
         top = sorted(self.samples(metric), reverse=True)
         return (top[0] - top[1]) / top[0] if len(top) > 1 and top[0] else 0.0
+
+    def merged(self, other: "BenchResult") -> "BenchResult":
+        """The repetitions of both runs of the same test (another round, minutes later) as one."""
+        if (self.model_path, self.n_threads, self.n_prompt, self.n_gen) != (other.model_path, other.n_threads, other.n_prompt, other.n_gen):
+            raise InvalidValueError(f"cannot merge runs of different tests: {self.model_path} and {other.model_path}")
+        return BenchResult(self.model_path, self.n_threads, self.n_prompt, self.n_gen, self.pp_tok_s + other.pp_tok_s,
+                           self.tg_tok_s + other.tg_tok_s, self.tg_cpu_tok_s + other.tg_cpu_tok_s)
 
 
 def _clear_memory(llama_cpp, ctx) -> None:
@@ -534,26 +547,40 @@ def _predict_with_perf_model(model_path: str, preset: str, machine, n_prompt: in
 def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tuple[str, ...] = ("Q4_K_M", "Q8_0"),
                        n_threads: int | None = None, repetitions: int = 3, n_prompt: int = 512, n_gen: int = 128,
                        gguf_paths: tuple[str, ...] = (), machine=None, on_row=None, rt: bool = False,
-                       profile: bool | dict = True) -> list[ValidationRow]:
+                       profile: bool | dict = True, rounds: int = 2) -> list[ValidationRow]:
     """Run each toy model (and any given GGUF) through llama.cpp and the speed model; one row each.
-    ``rt``: time at real-time priority (measure.realtime); ``profile``: as detect_machine's."""
+    ``rt``: time at real-time priority (measure.realtime); ``profile``: as detect_machine's.
+    ``rounds``: the whole list is run that many times, one model after the other each round, and
+    each row keeps the repetitions of every round (the fastest is scored). A shared VM's speed
+    changes by a fifth for minutes at a time (its vCPUs move on the host): the same toy ran tg
+    425 tok/s in one calibrate run and 330 in the next, ten minutes later, both steady within
+    their repetitions; repetitions spread over the run see its fast spells, as calibrate's do."""
     from ..models.gguf_reader import model_from_gguf
     from ..perf.cpu_model import rates_label
     from .measure import realtime
     from .detect import detect_machine
 
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise InvalidValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     machine = machine or detect_machine(profile=profile)
     n_threads = n_threads or physical_cores()
     jobs = [(m, p, toy_model(m, p)) for m in models for p in presets] + [(os.path.basename(g), None, g) for g in gguf_paths]
     from ..perf.cpu_model import cpu_prefill_s
 
+    runs: dict[int, BenchResult] = {}
+    for _ in range(rounds - 1):  # the earlier rounds; the last one below, row by row
+        for i, (_, _, path) in enumerate(jobs):
+            with realtime(rt):
+                got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions)
+            runs[i] = runs[i].merged(got) if i in runs else got
     rows = []
-    for name, preset, path in jobs:
+    for i, (name, preset, path) in enumerate(jobs):
         spec = model_from_gguf(path)
         preset = preset or spec.file_type or "?"
         by_type = decode_bytes_by_type(path)
         with realtime(rt):
-            measured = llama_bench(path, n_threads, n_prompt, n_gen, repetitions)
+            got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions)
+        measured = runs[i].merged(got) if i in runs else got
         limits = decode_limits(by_type, spec.n_layers, machine.ram, n_threads)
         pm_pp, pm_tg, why = _predict_with_perf_model(path, preset, machine, n_prompt, n_gen)
         pp = None
