@@ -530,3 +530,16 @@ def test_a_page_floored_match_inside_an_edge_across_runs():
     assert upper.length == 16 and [c.length for c in upper.children.values()] == [16]
     assert t.insert(runs_of_list(query), 32)[0] == 16 and t.total_tokens == 48
     assert t.match_prefix(runs_of_list(query), 32)[0] == 32
+
+
+def test_page_key_of_a_child_that_starts_near_the_end_of_a_run():
+    # page 16. A = 0-39 then 300-323 (64 tokens, two runs), B = 0-31 then 200-231: root ->
+    # [0..31] -> {[32..39, 300..323], [200..231]}. Matching A itself (limit 63): the second edge's
+    # key is its first page, 8 tokens of the first run (32..39) and 8 of the second (300..307);
+    # the common prefix there is min(32, 63 - 32) = 31 -> one page: 32 + 16 = 48.
+    A = ids(0, 40) + ids(300, 24)
+    B = ids(0, 32) + ids(200, 32)
+    t = tree_of(A, B, page_size=16)
+    assert t.total_tokens == 64 + 32
+    assert t.match_prefix(runs_of_list(A), 63)[0] == 48
+    assert t.match_prefix(runs_of_list(A), 64)[0] == 64
