@@ -95,6 +95,46 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
     ("kv/sglang/schedule_policy.py", "if max(map(_out_len, running)) <= CLIP_MAX_NEW_TOKENS:", "cmp LtE->Lt"):
         "when the longest max_new_tokens is exactly 4096 the clipping branch sums min(out - done, 4096) = out - done, "
         "the unclipped branch's figure",
+    ("kv/sglang/radix_cache.py", "step = min(n, runs[bi][1] - boff)", "call min->max"):
+        "the cursor _advance returns is read only by the next child lookup below the edge the page-floored match just split, whose one child is the split-off rest; that rest's first page holds the divergence, so no lookup finds it from any cursor (unless the prompt repeats that page elsewhere), and insert slices by `matched`, not by the cursor",
+    ("kv/sglang/radix_cache.py", "step = min(n, runs[bi][1] - boff)", "binop Sub->Add"):
+        "the cursor _advance returns is read only by the next child lookup below the edge the page-floored match just split, whose one child is the split-off rest; that rest's first page holds the divergence, so no lookup finds it from any cursor (unless the prompt repeats that page elsewhere), and insert slices by `matched`, not by the cursor",
+    ("kv/sglang/radix_cache.py", "step = min(n, runs[bi][1] - boff)", "drop right term"):
+        "the cursor _advance returns is read only by the next child lookup below the edge the page-floored match just split, whose one child is the split-off rest; that rest's first page holds the divergence, so no lookup finds it from any cursor (unless the prompt repeats that page elsewhere), and insert slices by `matched`, not by the cursor",
+    ("kv/sglang/radix_cache.py", "bi, boff = bi + 1, 0", "binop Add->Sub"):
+        "the cursor _advance returns is read only by the next child lookup below the edge the page-floored match just split, whose one child is the split-off rest; that rest's first page holds the divergence, so no lookup finds it from any cursor (unless the prompt repeats that page elsewhere), and insert slices by `matched`, not by the cursor",
+    ("kv/sglang/radix_cache.py", "bi, boff = bi + 1, 0", "drop right term"):
+        "the cursor _advance returns is read only by the next child lookup below the edge the page-floored match just split, whose one child is the split-off rest; that rest's first page holds the divergence, so no lookup finds it from any cursor (unless the prompt repeats that page elsewhere), and insert slices by `matched`, not by the cursor",
+    ("kv/sglang/radix_cache.py", "bi, boff = bi + 1, 0", "const -1"):
+        "the cursor _advance returns is read only by the next child lookup below the edge the page-floored match just split, whose one child is the split-off rest; that rest's first page holds the divergence, so no lookup finds it from any cursor (unless the prompt repeats that page elsewhere), and insert slices by `matched`, not by the cursor",
+    ("kv/sglang/radix_cache.py", "return self.last_access < other.last_access", "cmp Lt->LtE"):
+        "heapq only compares distinct heap entries, and no two of them share an access time: every touch takes a new tick; a split's upper node copies the lower one's, but enters the heap only after the lower one left it",
+    ("kv/sglang/radix_cache.py", "self.root.lock_ref = 1", "const +1"):
+        "the root's lock count is never read: inc_lock/dec_lock stop below the root, evict never pushes it",
+    ("kv/sglang/radix_cache.py", "self.root.lock_ref = 1", "const -1"):
+        "the root's lock count is never read: inc_lock/dec_lock stop below the root, evict never pushes it",
+    ("kv/sglang/radix_cache.py", "self.tick = 0", "const +1"):
+        "every access time moves by one; only their order is used (LRU heap)",
+    ("kv/sglang/radix_cache.py", "self.tick += 1", "const +1"):
+        "a stride of 2 instead of 1 keeps every access time's order (LRU heap, the new leaf strictly newer)",
+    ("kv/sglang/radix_cache.py", "self.root = Node((), None, 0)", "const +1"):
+        "the root's access time is never compared: the root is never a leaf in the eviction heap",
+    ("kv/sglang/radix_cache.py", "return runs[0][0] if self.page_size == 1 else first_tokens_key(runs, self.page_size)", "const +1"):
+        "a fast path: first_tokens_key(runs, 1) is runs[0][0] (one token is always one run)",
+    ("kv/sglang/radix_cache.py", "return runs[0][0] if self.page_size == 1 else first_tokens_key(runs, self.page_size)", "const -1"):
+        "a fast path: first_tokens_key(runs, 1) is runs[0][0] (one token is always one run)",
+    ("kv/sglang/radix_cache.py", "if p == 1:", "const +1"):
+        "a fast path: first_tokens_key(((start + boff, n - boff), ...), 1) is start + boff, the key the p == 1 branch computes",
+    ("kv/sglang/radix_cache.py", "if p == 1:", "const -1"):
+        "a fast path: first_tokens_key(((start + boff, n - boff), ...), 1) is start + boff, the key the p == 1 branch computes",
+    ("kv/sglang/radix_cache.py", "if rest and matched < length:", "cmp Lt->LtE"):
+        "at matched == length the rest is slice_runs(runs, length, length) = (), which insert treats as no rest",
+    ("kv/sglang/radix_cache.py", "if rest and matched < length:", "boolop And->Or"):
+        "match_prefix ignores the rest it is given; for insert rest is True and the condition is unchanged",
+    ("kv/sglang/radix_cache.py", "while length - matched >= p and bi < nruns:", "cmp Lt->LtE"):
+        "the cursor reaches the end of the runs only when every token matched, where length - matched >= p already failed",
+    ("kv/sglang/schedule_policy.py", "scratch = RadixCache(1)", "const +1"):
+        "a page-2 scratch tree floors each share to an even count, and the deprioritise threshold 32 is even: floor(s / 2) * 2 >= 32 exactly when s >= 32",
     ("runtime/tokenizer.py", "for k in range(1, len(merged)):", "const -1"):
         "the split at 0 pairs the empty piece with the whole one; no vocabulary holds the empty piece",
     ("runtime/tokenizer.py", "found.sort(key=lambda m: m[:3])", "const +1"):
