@@ -45,6 +45,18 @@ DEFAULT_FUSED_QKV_RULES = "2025"
 # MoE models (Mixtral), whose attn_k and attn_v llama-quantize bumps to Q8_0 (Q6_K here; the
 # float presets skip its type rules)
 UNIFORM_PRESETS = frozenset({"F32", "F16", "BF16", "Q8_0", "Q6_K"})
+# The importance-matrix assumption. An imatrix changes the rules of these presets (rules.py: IQ3_XXS's
+# attn_v and ffn_down, the first n_layer/8 ffn_down of IQ4_NL/IQ4_XS in Q5_K without one, Q4_0/Q5_0's
+# first n_layer/8 ffn_down in Q4_1/Q5_1 with one), so a file's bytes depend on whether one was used.
+# Preset(imatrix=None), what a bare name resolves to, plans what a plain `llama-quantize in out NAME`
+# writes: no imatrix, unless llama-quantize refuses the preset on that model without one (IQ1/IQ2,
+# IQ3_XXS, IQ3_XS, Q2_K_S; plan.plan_imatrix says which). Most published IQ4_XS files were made WITH
+# one (bartowski's all, mradermacher's i1- repos): plan those as "i1-IQ4_XS" or
+# Preset("IQ4_XS", imatrix=True), 0.4-1.3 % smaller on the catalog (0.76 % at Qwen2.5-7B, 1.00 % at
+# Qwen2.5-32B, 1.2-1.3 % on MoE models: the share of ffn_down in the first eighth of the layers). No rule reads the model's
+# size: a ">8B" error is this assumption (tests/quant/test_iq4xs_imatrix.py checks both with llama.cpp).
+# The label of these presets names the assumption.
+IMATRIX_RULE_PRESETS = frozenset({"IQ3_XXS", "IQ4_NL", "IQ4_XS", "Q4_0", "Q5_0"})
 
 
 @dataclass(frozen=True)
@@ -112,8 +124,9 @@ class Preset:
     """A llama-quantize preset: the per-tensor mix llama_tensor_get_type chooses.
 
     imatrix: whether an importance matrix was used (it changes a few rules: IQ3_XXS, IQ4_NL/XS and
-    Q4_0/Q5_0 ffn_down). None means "only if the preset cannot be made without one" (IQ1/IQ2/IQ3_XXS,
-    IQ3_XS, Q2_K_S), which is what llama-quantize allows.
+    Q4_0/Q5_0 ffn_down; see IMATRIX_RULE_PRESETS). None means "only if the preset cannot be made
+    without one" (IQ1/IQ2/IQ3_XXS, IQ3_XS, Q2_K_S), which is what llama-quantize allows: a plain
+    IQ4_XS is planned without one, an "i1-IQ4_XS" (or imatrix=True) with one; ``label`` says which.
     output_type / token_embd_type: --output-tensor-type / --token-embedding-type.
     rules: "master" (llama.cpp from late 2025 on), "2025" (before attn_qkv joined the attn_v rules) or
     "2023" (also Q2_K's old ffn_gate/ffn_up in Q3_K, removed in early 2024); see quant.rules.
@@ -150,6 +163,9 @@ class Preset:
         extra = []
         if self.imatrix:
             extra.append("imatrix")
+        elif self.name in IMATRIX_RULE_PRESETS:  # its bytes depend on the assumption: say which one
+            extra.append("imatrix only where llama-quantize requires one" if self.imatrix is None and self.name == "IQ3_XXS"
+                         else "no imatrix")
         if self.output_type:
             extra.append(f"output {self.output_type}")
         if self.token_embd_type:
