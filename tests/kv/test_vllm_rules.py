@@ -288,3 +288,25 @@ def test_the_last_token_of_the_budget_goes_to_a_running_request():
     run, steps = steps_of(reqs, m)
     assert steps == [(2, 0, 2), (1, 1, 4), (1, 1, 6), (0, 1, 3), (0, 1, 4)]
     assert [r.finish_s for r in run.requests] == [3.0, 5.0]
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_decode_fast_forward_stops_where_the_free_blocks_run_out(ff):
+    # Blocks of 4, 5 usable (capacity 24). a and b: 4-token prompts (nothing shared), 10 new tokens.
+    # step 0: both admitted and prefilled (1 block each; 3 free)                   -> (8, 0, 8)
+    # steps 1-4: c 4 -> 8 each (a block each at c 4 -> 5: 1 free)                  -> (0, 2, 10) .. (0, 2, 16)
+    # step 5: a 8 -> 9 takes the last free block; b needs one: none, and b is the newest: preempted
+    #         (its 2 hashed blocks back, tail block first: queue [b1, b0])          -> (0, 1, 9)
+    # steps 6-8: a 9 -> 12. b (9 tokens) would hit b0, b1 (8 tokens) with 1 new block: 0.33's gate
+    #         needs cdiv(9, 4) - 2 = 1 block + 2 free hits > 2 free: refused each step -> (0, 1, 10) .. (0, 1, 12)
+    # step 9: a 12 -> 13 takes the head, b1 (evicting b's block-1 hash); a's 10th token: done -> (0, 1, 13)
+    # step 10: b hits b0 only (4 tokens), computes 5 and samples its 6th token     -> (5, 0, 9)
+    # steps 11-14: b 9 -> 13, its 10th token at step 14                             -> (0, 1, 10) .. (0, 1, 13)
+    # A decode fast-forward must stop before the step where a block is missing (steps 1-4 may be
+    # jumped over; step 5 must be stepped): the same steps either way.
+    reqs = [Request("a", 0, ids(0, 4), 10), Request("b", 0, ids(100, 4), 10)]
+    run, steps = steps_of(reqs, PagedManager(capacity_tokens=24, block_size=4), fast_forward=ff)
+    assert steps == ([(8, 0, 8)] + [(0, 2, 2 * c) for c in (5, 6, 7, 8)] + [(0, 1, c) for c in (9, 10, 11, 12, 13)]
+                     + [(5, 0, 9)] + [(0, 1, c) for c in (10, 11, 12, 13)])
+    a, b = run.requests
+    assert (b.preemptions, b.recomputed_tokens, a.finish_s, b.finish_s) == (1, 5, 10.0, 15.0)
