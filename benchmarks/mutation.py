@@ -196,6 +196,9 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
         "one decode step fewer in a fast-forward stretch (the next step is taken one by one, with the same "
         "records); what moves is float rounding and kv_mean_tokens, whose fast-forward trapezoid differs from "
         "the per-step sum anyway (fast_forward=True vs False differ there on the original too)",
+    ("kv/vllm/block_pool.py", "if self.start > self.COMPACT_AT and self.start * 2 > len(tail):", "cmp Gt->GtE"):
+        "the free queue drops its consumed front one pop earlier: the same queue (test_vllm_rules' compaction "
+        "case and test_paged's plain-list reference check the queue itself)",
     ("kv/llamacpp/server.py", "if n_past == seq.prompt_len and n_past > 0:", "cmp Gt->GtE"):
         "differs only when n_past == prompt_len == 0, an empty prompt: Request refuses one, and llama.cpp's "
         "update_slots releases a slot with an empty prompt before this rule",
