@@ -444,3 +444,20 @@ def test_0_5_2_has_no_waiting_prefix_refresh():
     simulate(reqs, m2)
     simulate(reqs, m23)
     assert m2.priority_calls == 0 and m23.priority_calls == 5  # one prefill round per arrival
+
+
+def test_a_lone_chunked_request_keeps_the_loop_going():
+    # A 5000-token prompt alone: after its first chunk nothing is running or waiting, but the
+    # chunked request counts as running (num_running), so the loop goes on: chunks of 2048, 2048,
+    # 904, first token after the third step, the second token in the fourth.
+    m = RadixManager(capacity_tokens=20_000)
+    run = simulate([Request("a", 0, ids(0, 5000), 2)], m, check_invariants=True)
+    assert run.requests[0].ttft_s == 3.0 and run.requests[0].finish_s == 4.0
+
+
+def test_default_budgets():
+    # max_prefill_tokens 16384 (SGLang's default), chunked_prefill_size 2048 (SGLang's pick for a
+    # GPU under 35 GB), page_size 1, fcfs, 0.5.23
+    cfg = RadixManager(capacity_tokens=100_000).config()
+    assert (cfg["max_prefill_tokens"], cfg["chunked_prefill_size"], cfg["page_size"]) == (16384, 2048, 1)
+    assert (cfg["schedule_policy"], cfg["version"], cfg["disable_radix_cache"]) == ("fcfs", "0.5.23", False)

@@ -83,6 +83,9 @@ def test_lpm_sort_key_is_capped_at_num_tokens_minus_one():
     tree = tree_of(A, B[:9])
     waiting = [req("c", ids(5000, 50)), req("b", B), req("a", A)]
     assert names(calc_priority("lpm", waiting, tree)) == ["b", "a", "c"]
+    # a first: keys 9 and 9, the stable sort keeps a before b (a cap of len - 2 would not: 8 < 9)
+    waiting = [req("c", ids(5000, 50)), req("a", A), req("b", B)]
+    assert names(calc_priority("lpm", waiting, tree)) == ["a", "b", "c"]
 
 
 @pytest.mark.parametrize("n,sorted_", [(128, True), (129, False)])
@@ -173,6 +176,30 @@ def test_reservation_clips_each_requests_remaining_tokens_at_4096():
     assert reserved_by_running([_Run(4096, 0)], 1.0) == 4096
     assert reserved_by_running([_Run(4097, 0)], 1.0) == 4096
     assert reserved_by_running([_Run(4097, 1), _Run(10, 3)], 1.0) == 4096 + 7
+
+
+def test_v2_chunked_request_when_the_room_left_is_zero_or_one():
+    # remaining_total = 1000 - 1000 = 0: int(0) is not > 0, so the chunk budget (2048) applies,
+    # which the 1000-cell pool bounds (simulator guard): a 1000-token chunk. With 999 reserved,
+    # remaining_total = 1 > 0 -> a 1-token chunk.
+    for reserved, chunk in ((1000.0, 1000), (999.0, 1)):
+        a, tree = adder(room=1000, reserved=reserved)
+        s = req("r", ids(0, 5000), 10, tree=tree)
+        s.num_computed = 2048
+        assert a.add_chunked_req(s) is False and a.adds == [(s, chunk)]
+    # a pool of 10 cells at page 16 with nothing left of remaining_total (10 reserved): the chunk
+    # budget applies, bounded by the pool's whole pages: 10 - 10 % 16 = 0 -> nothing this round
+    a, tree = adder(room=10, page=16, reserved=10.0)
+    s = req("r", ids(0, 5000), 10, tree=tree)
+    s.num_computed = 2048
+    assert a.add_chunked_req(s) is False and a.adds == []
+
+
+@pytest.mark.parametrize("v2", [True, False])
+def test_a_one_token_chunk_budget_chunks_one_token(v2):
+    # chunked_prefill_size 1 (page 1): a 5-token prompt is cut to 1 token (> 0: ADDED_CHUNKED).
+    a, tree = adder(room=1000, chunk=1, v2=v2)
+    assert a.add_one_req(req("r", ids(0, 5), 3, tree=tree), 0, tree.root) == (ADDED_CHUNKED, 1)
 
 
 # ------------------------------------------------------------------ PrefillAdder: 0.5.23 (PrefillBudget)
@@ -291,6 +318,12 @@ def test_v2_budget_state_at_each_boundary():
     assert b.budget_state() == ADDED
     c, _ = adder(room=100, reserved=99.5)  # 100 - 99.5 = 0.5 > 0
     assert c.budget_state() == ADDED
+    c, _ = adder(room=100, reserved=100.0)  # the running requests' reservation alone fills the pool
+    assert c.budget_state() == NO_TOKEN
+    a.current = 99  # room - current = 1 > 0
+    assert a.budget_state() == OTHER  # (rem_input is still 0)
+    a.rem_input, a.rem_chunk = 5, 1  # both budgets have 1+ left
+    assert a.budget_state() == ADDED
 
 
 def test_v2_budget_is_checked_with_the_prefix_locked():
@@ -338,6 +371,30 @@ def test_v2_chunked_request_bounded_by_the_room_left():
     s = req("r", ids(0, 5000), 10, tree=tree)
     s.num_computed = 2048
     assert a.add_chunked_req(s) is False and a.adds == [(s, 992)]
+
+
+def test_v2_chunked_request_when_the_room_left_is_zero_or_one():
+    # remaining_total = 1000 - 1000 = 0: int(0) is not > 0, so the chunk budget (2048) applies,
+    # which the 1000-cell pool bounds (simulator guard): a 1000-token chunk. With 999 reserved,
+    # remaining_total = 1 > 0 -> a 1-token chunk.
+    for reserved, chunk in ((1000.0, 1000), (999.0, 1)):
+        a, tree = adder(room=1000, reserved=reserved)
+        s = req("r", ids(0, 5000), 10, tree=tree)
+        s.num_computed = 2048
+        assert a.add_chunked_req(s) is False and a.adds == [(s, chunk)]
+    # a pool of 10 cells at page 16 with nothing left of remaining_total (10 reserved): the chunk
+    # budget applies, bounded by the pool's whole pages: 10 - 10 % 16 = 0 -> nothing this round
+    a, tree = adder(room=10, page=16, reserved=10.0)
+    s = req("r", ids(0, 5000), 10, tree=tree)
+    s.num_computed = 2048
+    assert a.add_chunked_req(s) is False and a.adds == []
+
+
+@pytest.mark.parametrize("v2", [True, False])
+def test_a_one_token_chunk_budget_chunks_one_token(v2):
+    # chunked_prefill_size 1 (page 1): a 5-token prompt is cut to 1 token (> 0: ADDED_CHUNKED).
+    a, tree = adder(room=1000, chunk=1, v2=v2)
+    assert a.add_one_req(req("r", ids(0, 5), 3, tree=tree), 0, tree.root) == (ADDED_CHUNKED, 1)
 
 
 # ------------------------------------------------------------------ PrefillAdder: 0.5.2
@@ -414,6 +471,11 @@ def test_v1_chunked_request_continues():
     s = req("r", ids(0, 5000), 10, tree=tree)
     s.num_computed = 4096
     assert a.add_chunked_req(s) is True and a.adds == [(s, 904)] and a.rem_chunk == 2048 - 904
+    # a last chunk of exactly the chunk budget is not truncated (2048 > 2048 is false): the last
+    a, tree = adder(room=100_000, v2=False)
+    s = req("r", ids(0, 5000), 10, tree=tree)
+    s.num_computed = 5000 - 2048
+    assert a.add_chunked_req(s) is True and a.adds == [(s, 2048)] and a.rem_chunk == 0
 
 
 @pytest.mark.xfail(strict=True, reason="SGLang 0.5.2's add_chunked_req bounds the chunk by int(rem_total_tokens) "
