@@ -135,6 +135,9 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
         "the cursor reaches the end of the runs only when every token matched, where length - matched >= p already failed",
     ("kv/sglang/schedule_policy.py", "scratch = RadixCache(1)", "const +1"):
         "a page-2 scratch tree floors each share to an even count, and the deprioritise threshold 32 is even: floor(s / 2) * 2 >= 32 exactly when s >= 32",
+    ("kv/sglang/schedule_policy.py", "weight[node] = weight.get(node, 0) + 1", "const +1"):
+        "dfs-weight only sorts children by weight (stably) and tests membership: counting from 1 or in steps of 2 "
+        "shifts or scales every weight alike, so the order is the same",
     ("runtime/tokenizer.py", "for k in range(1, len(merged)):", "const -1"):
         "the split at 0 pairs the empty piece with the whole one; no vocabulary holds the empty piece",
     ("runtime/tokenizer.py", "found.sort(key=lambda m: m[:3])", "const +1"):
