@@ -130,6 +130,7 @@ class PrefillAdder:
         self.budget_v2 = budget_v2
         self.offset = 0  # tokens this round has taken (extends and admitted requests' futures)
         self.current = 0  # 0.5.23's current_offset: this round's immediate allocations only
+        self.cells = 0  # 0.5.2: KV cells (whole pages) this round's admissions allocate
         self.adds: list[tuple[Any, int]] = []
 
     def _ceil_page(self, n: int) -> int:
@@ -186,6 +187,7 @@ class PrefillAdder:
             last = True
         if extend > 0:
             self.adds.append((seq, extend))
+            self.cells += self._ceil_page(seq.num_computed + extend) - self._ceil_page(seq.num_computed)
         self.rem_input -= extend
         if rem_chunk is not None:
             self.rem_chunk = rem_chunk - extend
@@ -220,6 +222,12 @@ class PrefillAdder:
         elif self.rem_chunk is not None and extend > self.rem_chunk:
             chunk = self.rem_chunk - self.rem_chunk % p
             outcome = OTHER if chunk <= 0 else ADDED_CHUNKED
+        if (not self.budget_v2 and outcome != OTHER and outcome != NO_TOKEN
+                and self._ceil_page(prefix_len + chunk) - self._ceil_page(prefix_len) + self.cells > self.room()):
+            # simulator guard: 0.5.2's budget counts tokens, not whole pages, so with pages it can
+            # admit more than the pool holds, where SGLang fails the prefill allocation ("Prefill
+            # out of memory"); here the round stops as if the pool were full
+            outcome = NO_TOKEN
         if outcome in (NO_TOKEN, OTHER):
             self.tree.dec_lock(node)
             return outcome, 0
@@ -228,6 +236,7 @@ class PrefillAdder:
             self._charge(chunk, min(seq.out_len, CLIP_MAX_NEW_TOKENS) if outcome == ADDED else 0)
             return outcome, chunk
         self.offset += chunk + (future if outcome == ADDED else 0)
+        self.cells += self._ceil_page(prefix_len + chunk) - self._ceil_page(prefix_len)
         self.rem_input -= chunk
         if self.rem_chunk is not None:
             self.rem_chunk -= chunk

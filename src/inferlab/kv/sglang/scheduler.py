@@ -158,11 +158,32 @@ class RadixManager(KVManager):
         if self.events is not None:
             self.events.append(Allocate(seq.req.id, n))
 
+    def _evict_for_batch(self, demand: int) -> None:
+        """A batch's allocation (``alloc_token_slots`` / ``alloc_paged_token_slots_*``) evicts
+        before it allocates: 0.5.2 asks the tree for the whole ``demand`` when the pool is short,
+        0.5.23 for the shortfall."""
+        avail = self.available()
+        if avail < demand:
+            self.tree.evict(demand if self.version == "0.5.2" else demand - avail)
+
     def _release_private(self, seq: SglangRequest) -> None:
         if self.events is not None:
             self.events.append(Free(seq.req.id, seq.private))
         self.private_tokens -= seq.private
         seq.private = 0
+
+    def _insert(self, seq: SglangRequest, length: int) -> tuple[int, Node]:
+        """Put ``seq``'s first ``length`` tokens into the tree (``RadixCache.checkpoint``). 0.5.23
+        inserts the page-aligned prompt again when the new leaf runs past it, so that the leaf
+        splits at the prompt boundary (eviction can then drop the output and keep the prompt),
+        and matches the whole key to find the node it locks (touching the path again)."""
+        present, node = self.tree.insert(seq.runs, length)
+        if self.version == "0.5.23":
+            prompt = seq.prompt_len - seq.prompt_len % self.page_size
+            if 0 < prompt < length:
+                self.tree.insert(seq.runs, prompt)
+                self.tree.match_prefix(seq.runs, length)
+        return present, node
 
     def _cache_unfinished(self, seq: SglangRequest) -> None:
         """``cache_unfinished_req``: after a prefill (chunk), put the computed prompt into the
@@ -170,7 +191,7 @@ class RadixManager(KVManager):
         length = seq.num_computed - seq.num_computed % self.page_size
         if self.disable_radix_cache or length <= seq.prefix_len:
             return
-        present, node = self.tree.insert(seq.runs, length)
+        present, node = self._insert(seq, length)
         moved = length - seq.prefix_len  # private tokens now owned by the tree (or duplicates)
         self.private_tokens -= moved
         seq.private -= moved
@@ -187,7 +208,7 @@ class RadixManager(KVManager):
         if not self.disable_radix_cache:
             length = seq.num_computed - seq.num_computed % self.page_size
             if length > seq.prefix_len:
-                present, node = self.tree.insert(seq.runs, length)
+                present, node = self._insert(seq, length)
                 if self.events is not None:
                     self.events.append(Cache(seq.req.id, tokens=length, new_tokens=length - present, node=node.id))
         self._release_private(seq)
@@ -283,9 +304,13 @@ class RadixManager(KVManager):
 
     def step(self, now: float) -> StepStats:
         st = StepStats()
+        was_empty = not self.running
         adds = self._prefill_round(now)
         if adds:
             p = self.page_size
+            # prepare_for_extend allocates for the whole batch at once; with pages it first evicts
+            # for an over-estimate: the extend tokens plus one new page per request
+            self._evict_for_batch(sum(chunk for _, chunk in adds) + (len(adds) * p if p > 1 else 0))
             for seq, chunk in adds:
                 c = seq.num_computed  # pages are allocated whole: cells = ceil(tokens / page) * page
                 self._alloc(seq, -(-(c + chunk) // p) * p - -(-c // p) * p)
@@ -295,8 +320,7 @@ class RadixManager(KVManager):
             st.num_running = len(self.running) + len(adds)
             for seq, chunk in adds:
                 finished = self.advance(seq, chunk, st)
-                if seq is self.chunked:
-                    self._cache_unfinished(seq)
+                if seq is self.chunked:  # its chunk enters the tree after the others' results (below)
                     continue
                 if finished:  # max_new_tokens == 1: done at prefill
                     self._cache_finished(seq)
@@ -304,7 +328,14 @@ class RadixManager(KVManager):
                     continue
                 self._cache_unfinished(seq)
                 self.running.append(seq)
-            if st.finished:
+            if self.chunked is not None:
+                # stash_chunked_request, at the start of the next get_next_batch_to_run: after every
+                # result of this batch was processed, so its nodes are the newest
+                self._cache_unfinished(self.chunked)
+            if st.finished or was_empty or self.chunked is not None:
+                # the flag lives on SGLang's running batch: the next get_next_batch_to_run clears it
+                # when the prefill batch shrinks as it is merged (a request finished at prefill, or the
+                # chunked request kept out), or replaces an empty running batch with the prefill batch
                 self.batch_is_full = False
             return st
         if not self.running:
@@ -328,6 +359,8 @@ class RadixManager(KVManager):
                 return
         else:
             self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+        if self.page_size > 1:  # alloc_paged_token_slots_decode evicts for one new page per request
+            self._evict_for_batch(len(self.running) * self.page_size)
         st.num_running = len(self.running)
         done = []
         if self.page_size == 1 and self.available() >= len(self.running):
@@ -436,7 +469,9 @@ class RadixManager(KVManager):
             self._retract_one(seq)
             seq.rejected = "aborted: out of KV memory even after retracting every other request (SGLang 0.5.23)"
             self.aborted.append(seq)
-        self.running = [s for s in self.running if s in order]
+        # filter_batch(keep_indices=sorted_indices): the batch keeps the retraction order (most
+        # outputs first, ties: shortest prompt), which orders later inserts and LRU touches
+        self.running = order
         avail = self.available()
         need = len(order)
         if avail < need and not v23:
