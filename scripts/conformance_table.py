@@ -9,7 +9,8 @@ cases and 1,000 Mooncake requests, compared per request on cached tokens, recomp
 preemptions, first-token and finish step and output tokens; SGLang's RadixCache against
 inferlab's tree on every call of the hand-made cases and of 1,000 Mooncake requests at page
 size 1 and 16; SGLang's PrefillAdder against RadixManager's 0.5.23 prefill round on 300 random
-scheduler states. Agreement is the share of compared values that are equal.
+scheduler states; SGLang's whole scheduler loop against RadixManager 0.5.23 on the cases and
+trace windows of test_sglang_loop, per request as for vLLM. Agreement is the share of compared values that are equal.
 """
 
 from __future__ import annotations
@@ -115,6 +116,33 @@ def sglang_adder_row(states: int = 300) -> dict:
             "agreeing_values": same, "unit": "random scheduler states"}
 
 
+def sglang_loop_row() -> dict:
+    """SGLang's own scheduler loop (tests/conformance/_sglang_loop.py) against RadixManager 0.5.23:
+    the cases and trace windows of test_sglang_loop, compared per request on cached tokens,
+    recomputed tokens, retractions, first-token and finish step and output tokens."""
+    import test_sglang_loop as t
+
+    loop = t.loop
+    values = same = cases_ok = trace_requests = retractions = evicted = 0
+    windows = t._windows()
+    for name, (reqs, opts) in [*t.CASES.items(), *windows.items()]:
+        kw = {"max_context_len": t._max_len(reqs)} if name in windows else {}
+        m, engine, ours, theirs, ours_evictions = t._compare(reqs, opts, **kw)
+        diffs = loop.differences(theirs, ours)
+        n = len(theirs) * len(loop.FIELDS)
+        values, same = values + n, same + n - len(diffs)
+        if name in windows:
+            trace_requests += len(reqs)
+            retractions += sum(o.preemptions for o in theirs.values())
+            evicted += engine.evicted_tokens
+        else:
+            cases_ok += not diffs and [c for c in ours_evictions if c[0] > 0] == engine.evict_calls
+    return {"engine": "SGLang", "version": loop.VERSION, "compared": "Scheduler loop (admission, decode, retraction, finish)",
+            "cases": len(t.CASES), "cases_agreeing": cases_ok, "trace_requests": trace_requests,
+            "trace_retractions": retractions, "trace_evicted_tokens": evicted, "values": values,
+            "agreeing_values": same, "unit": "request fields"}
+
+
 def llamacpp_rows(repeat: int = 3) -> list[dict]:
     """A real llama-server against SlotManager: runs benchmarks/conformance_llamacpp.py (it builds
     or finds llama-server, runs every sequential case once and the concurrent ones ``repeat``
@@ -151,11 +179,12 @@ def markdown(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the rows to this file")
-    ap.add_argument("--engines", default="vllm,sglang,sglang-adder,llamacpp",
+    ap.add_argument("--engines", default="vllm,sglang,sglang-adder,sglang-loop,llamacpp",
                     help="rows to compute; llamacpp starts a real llama-server (minutes)")
     ap.add_argument("--repeat", type=int, default=3, help="llamacpp: runs of each concurrent case")
     args = ap.parse_args()
     fns = {"vllm": lambda: [vllm_row()], "sglang": lambda: [sglang_row()], "sglang-adder": lambda: [sglang_adder_row()],
+           "sglang-loop": lambda: [sglang_loop_row()],
            "llamacpp": lambda: llamacpp_rows(args.repeat)}
     unknown = [e for e in args.engines.split(",") if e not in fns]
     if unknown:
