@@ -389,11 +389,14 @@ def test_peak_concurrency_counts_a_prefill_batch():
 
 @pytest.mark.parametrize("page", [1, 16])
 def test_decode_context_is_priced_on_both_decode_paths(page):
-    # as test_fast_forward_prices_each_step_at_its_context; page 16 takes the per-request
-    # decode loop (no fast-forward): contexts 10 (prefill), 11, 12, 13 -> 4.46 either way.
-    tm = TimeModel.linear(prefill_tok_per_s=10, decode_step_s=1.0, per_context_token_s=0.01)
-    run = simulate([Request("a", 0, ids(0, 10), 4)], RadixManager(capacity_tokens=1000, page_size=page), tm)
-    assert run.requests[0].finish_s == pytest.approx(4.46)
+    # as test_fast_forward_prices_each_step_at_its_context, plus 0.5 per decoding sequence; page
+    # 16 takes the per-request decode loop (no fast-forward). Prefill: 10 / 10 + 0.01 * 10 = 1.1;
+    # decodes at contexts 11, 12, 13: 1.0 + 0.5 + 0.11 = 1.61, 1.62, 1.63 -> 1.1 + 4.86 = 5.96.
+    tm = TimeModel.linear(prefill_tok_per_s=10, decode_step_s=1.0, per_seq_s=0.5, per_context_token_s=0.01)
+    run = simulate([Request("a", 0, ids(0, 10), 4)], RadixManager(capacity_tokens=1000, page_size=page), tm,
+                   check_invariants=True)
+    assert run.requests[0].finish_s == pytest.approx(5.96)
+    assert run.summary["output_tokens"] == 4
 
 
 def test_check_drained_finds_what_was_left_behind():
@@ -461,3 +464,49 @@ def test_default_budgets():
     cfg = RadixManager(capacity_tokens=100_000).config()
     assert (cfg["max_prefill_tokens"], cfg["chunked_prefill_size"], cfg["page_size"]) == (16384, 2048, 1)
     assert (cfg["schedule_policy"], cfg["version"], cfg["disable_radix_cache"]) == ("fcfs", "0.5.23", False)
+
+
+@pytest.mark.parametrize("version", ["0.5.2", "0.5.23"])
+def test_a_decode_step_that_exactly_fits_evicts_and_retracts_nothing(version):
+    # 3 running hold 29 + 24 + 19 = 72 of 78 cells, a 3-token leaf is cached: 3 free for 3 new
+    # tokens -> `available < need` is false: no eviction (0.5.2 would evict the whole need
+    # otherwise) and no retraction; all three decode.
+    m = RadixManager(capacity_tokens=78, version=version)
+    cache(m, [70_000, 70_001, 70_002])
+    running(m, [("r0", 10, 20), ("r1", 10, 15), ("r2", 10, 10)])
+    st = m.step(0.0)
+    assert st.decode_tokens == 3 and not m.waiting and m.tree.total_tokens == 3
+
+
+def test_0_5_23_retraction_stops_when_the_freed_cells_exactly_fit():
+    # r0 (prompt 10, 10 out: 19 cells), r1 (10, 12: 21), r2 (1, 2: 2) fill 42 cells. The step
+    # needs 3: retract r2 (fewest outputs) -> 2 free for the 2 left: 2 >= 2 fits, stop.
+    m = RadixManager(capacity_tokens=42)
+    running(m, [("r0", 10, 10), ("r1", 10, 12), ("r2", 1, 2)])
+    m._retract()
+    assert [s.req.id for s in m.waiting] == ["r2"] and m.available() == 2
+
+
+@pytest.mark.parametrize("page,free,gone", [(2, 0, ["r2", "r1"]), (2, 4, ["r2"]), (16, 14, ["r2", "r1"]),
+                                            (16, 32, ["r2"])])
+def test_paged_decode_needs_a_page_per_request_at_a_page_boundary(page, free, gone):
+    # new_tokens_required_next_decode: one page for each request whose KV fills whole pages.
+    # r0 and r1: prompt p, p + 1 outputs -> 2p computed (a boundary), 2p cells; r2: prompt p,
+    # 1 output -> p computed (a boundary), p cells; 5p used + `free`. The step needs 3p > free
+    # -> retract r2 (fewest outputs): free + p left for the 2p the other two need. p = 2, 0 free:
+    # 2 < 4 -> r1 too; 4 free: 6 >= 4 stop. p = 16, 14 free: 30 < 32 -> r1 too; 32 free: 48 >= 32.
+    m = RadixManager(capacity_tokens=5 * page + free, page_size=page)
+    running(m, [("r0", page, page + 1), ("r1", page, page + 1), ("r2", page, 1)])
+    st = m.step(0.0)
+    assert [s.req.id for s in m.waiting] == gone
+    assert st.decode_tokens == 3 - len(gone)
+    m.check_invariants()
+
+
+def test_the_finished_request_caches_whole_pages_of_what_it_computed():
+    # cache_finished_req inserts input + output[:-1] page-aligned: page 16, prompt 20, 28 new
+    # tokens -> 20 + 27 = 47 computed -> 32 cells enter the tree (the prompt's first page went in
+    # after prefill; the second now); the 48th token, never computed, does not.
+    m = RadixManager(capacity_tokens=1000, page_size=16)
+    simulate([Request("a", 0, ids(0, 20), 28)], m, check_invariants=True)
+    assert m.tree.total_tokens == 32
