@@ -138,6 +138,22 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
     ("kv/sglang/schedule_policy.py", "weight[node] = weight.get(node, 0) + 1", "const +1"):
         "dfs-weight only sorts children by weight (stably) and tests membership: counting from 1 or in steps of 2 "
         "shifts or scales every weight alike, so the order is the same",
+    ("kv/sglang/scheduler.py", "retracted += 1", "augassign Add->Sub"):
+        "_retract reads `retracted` only as a truth value (has one been retracted yet); -1, -2 ... are as true as 1, 2 ...",
+    ("kv/sglang/scheduler.py", "retracted += 1", "const +1"):
+        "_retract reads `retracted` only as a truth value (has one been retracted yet); 2, 4 ... are as true as 1, 2 ...",
+    ("kv/sglang/scheduler.py", "if self.private_tokens or self.tree.evictable_tokens != self.tree.total_tokens:", "boolop Or->And"):
+        "check_drained runs check_invariants first; with no live request that already demands 0 private cells and no locks (every node evictable), so this second test can never fire, in either form",
+    ("kv/sglang/scheduler.py", "if self.available() < need:", "cmp Lt->LtE"):
+        "in _decode_fits (0.5.23's check_decode_mem): at available == need it evicts need - available = 0 tokens, which frees nothing (the same text in _decode is killed by test_a_decode_step_that_exactly_fits_...)",
+    ("kv/sglang/scheduler.py", "if self.page_size == 1:", "const -1"):
+        "_decode_need's page-1 fast path: with page_size 1 the paged sum counts one cell per request (n % 1 == 0), len(reqs), and page 0 is invalid",
+    ("kv/sglang/scheduler.py", "if self.page_size > 1:", "const -1"):
+        "page-1 paths: the paged need sums one cell per request (n % 1 == 0), len(running); the batch eviction for len(running) cells finds them free (the step evicted or retracted for exactly that just before)",
+    ("kv/sglang/scheduler.py", "if self.page_size > 1:", "cmp Gt->GtE"):
+        "page-1 paths: the paged need sums one cell per request (n % 1 == 0), len(running); the batch eviction for len(running) cells finds them free (the step evicted or retracted for exactly that just before)",
+    ("kv/sglang/scheduler.py", "seq.last_node, seq.prefix_len = self.tree.root, 0", "const +1"):
+        "a finished or retracted request's prefix_len is never read again: finished ones are gone, a retracted one is re-matched (prefix_len set from the match) before anything reads it, and invariants check live ones only",
     ("runtime/tokenizer.py", "for k in range(1, len(merged)):", "const -1"):
         "the split at 0 pairs the empty piece with the whole one; no vocabulary holds the empty piece",
     ("runtime/tokenizer.py", "found.sort(key=lambda m: m[:3])", "const +1"):
