@@ -154,6 +154,14 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
         "page-1 paths: the paged need sums one cell per request (n % 1 == 0), len(running); the batch eviction for len(running) cells finds them free (the step evicted or retracted for exactly that just before)",
     ("kv/sglang/scheduler.py", "seq.last_node, seq.prefix_len = self.tree.root, 0", "const +1"):
         "a finished or retracted request's prefix_len is never read again: finished ones are gone, a retracted one is re-matched (prefix_len set from the match) before anything reads it, and invariants check live ones only",
+    ("kv/sglang/scheduler.py", "if self.available() < want:", "cmp Lt->LtE"):
+        "release_req's eviction of the 20-step shortfall: at available == want it evicts 0 tokens, which frees nothing",
+    ("kv/sglang/scheduler.py", "if v23 and len(order) <= 1 and not self._decode_fits(order):", "const +1"):
+        "the loop above ends with 2+ requests only by its break, when the next step fits; then it still fits here (nothing changed), so `<= 2` aborts no one that `<= 1` spares",
+    ("kv/sglang/scheduler.py", "if self.page_size == 1 and self.available() >= len(self.running):", "cmp GtE->Gt"):
+        "at available == len(running) the general per-request loop allocates the same cells, records the same Allocate events in the same order and samples the same tokens as the inlined fast path",
+    ("kv/sglang/scheduler.py", "if self.page_size == 1 and self.available() >= len(self.running):", "const -1"):
+        "page_size == 0 is never true: every page-1 decode takes the general loop, which does the same (see GtE->Gt)",
     ("runtime/tokenizer.py", "for k in range(1, len(merged)):", "const -1"):
         "the split at 0 pairs the empty piece with the whole one; no vocabulary holds the empty piece",
     ("runtime/tokenizer.py", "found.sort(key=lambda m: m[:3])", "const +1"):
