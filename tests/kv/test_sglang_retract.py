@@ -513,25 +513,26 @@ def test_the_finished_request_caches_whole_pages_of_what_it_computed():
 
 
 def test_0_5_23_check_decode_mem_after_a_retraction_evicts_only_the_shortfall():
-    # page 32, 148 cells. The tree holds X -> Y (32 + 32; Z, X's other child, was evicted), both
-    # locked by r1 (prompt X + Y, 1 output: 64 computed, all in the tree). r0 holds 64 private
-    # cells (prompt 32, 33 outputs: 64 computed). 20 free. Both sit at a page boundary: the step
-    # needs 64 > 20, nothing is evictable -> retract r1 (fewest outputs): X, Y unlocked, nothing
-    # freed; release_req wants 1 * 20 <= 20 free: no eviction; check_decode_mem for r0 needs
-    # 32 > 20 -> evict the shortfall 12: the leaf Y (32) goes, X stays; r0 decodes into 52 free.
-    m = RadixManager(capacity_tokens=148, page_size=32)
-    X, Y, Z = ids(0, 32), ids(100, 32), ids(200, 32)
+    # page 32, 236 cells. The tree holds X -> Y (32 + 32; Z, X's other child, was evicted), both
+    # locked by r1 (prompt X + Y, 1 output: 64 computed, all in the tree). r0 and r0b hold 64
+    # private cells each (prompt 32, 33 outputs: 64 computed). 44 free. All three sit at a page
+    # boundary: the step needs 96 > 44, nothing is evictable -> retract r1 (fewest outputs): X, Y
+    # unlocked, nothing freed; release_req wants 2 * 20 = 40 <= 44 free: no eviction;
+    # check_decode_mem for the two left needs 64 > 44 -> evict the shortfall 20: the leaf Y (32)
+    # goes, X stays (evicting the whole 64 would take X too); they decode into 76 free.
+    m = RadixManager(capacity_tokens=236, page_size=32)
+    X, Y, Z = ids(50_000, 32), ids(60_000, 32), ids(70_000, 32)
     cache(m, X + Z, X + Y)
     assert m.tree.evict(1) == 32  # Z, the older leaf
-    (r0,) = running(m, [("r0", 32, 33)])
-    r1 = SglangRequest(Request("r1", 0, X + Y, 100), 1)
+    running(m, [("r0", 32, 33), ("r0b", 32, 33)])
+    r1 = SglangRequest(Request("r1", 0, X + Y, 100), 2)
     r1.prefix_len, node = m.tree.match_prefix(runs_of_list(X + Y), 64)
     m.tree.inc_lock(node)
     r1.last_node, r1.num_output, r1.num_computed = node, 1, 64
     m.running.append(r1)
     m.check_invariants()
-    assert m.available() == 20 and m.tree.evictable_tokens == 0
+    assert m.available() == 44 and m.tree.evictable_tokens == 0
     st = m.step(0.0)
-    assert [s.req.id for s in m.waiting] == ["r1"] and st.decode_tokens == 1
+    assert [s.req.id for s in m.waiting] == ["r1"] and st.decode_tokens == 2
     assert m.tree.total_tokens == 32 and m.tree.match_prefix(runs_of_list(X + Y), 64)[0] == 32
     m.check_invariants()
