@@ -134,6 +134,8 @@ class SglangLoop:
                  chunked_prefill_size: int = 2048, max_prefill_tokens: int = 16384,
                  max_running_requests: int | None = None, schedule_conservativeness: float = 1.0,
                  max_context_len: int = 1 << 16, ignore_eos: bool = False):
+        if capacity_tokens % page_size:  # SGLang's paged pool holds whole pages only
+            raise ValueError(f"capacity_tokens {capacity_tokens} is not a multiple of page_size {page_size}")
         self.capacity_tokens = capacity_tokens
         self.page_size = page_size
         self.max_running_requests = max_running_requests or max(1, min(capacity_tokens // 2, 4096))

@@ -93,6 +93,11 @@ CASES = {
     "paged_over_estimate": ([Request("a", 0, ids(0, 60), 1), Request("b", 1, ids(500, 60), 1),
                              Request("c", 3, ids(900, 100), 1), Request("a2", 5, ids(0, 60), 1)],
                             {"page_size": 16, "capacity_tokens": 208}),
+    # a finish that adds nothing to the tree (22 computed tokens: one page, already cached) still
+    # touches a's path, so b's leaf is the older one when c needs a page: a2 hits a's page
+    "finish_touches_path": ([Request("a", 0, ids(0, 20), 3), Request("b", 0, ids(1000, 20), 1),
+                             Request("c", 4, ids(2000, 40), 1), Request("a2", 6, ids(0, 20), 1)],
+                            {"page_size": 16, "capacity_tokens": 80}),
     # lpm: longest match first, a shared uncached 32+-token stem deprioritised
     "lpm_policy": ([Request(f"r{k}", 0, S + ids(5000 + 50 * k, 10), 3) for k in range(5)]
                    + [Request("x", 1, ids(0, 45), 2)], {"schedule_policy": "lpm", "capacity_tokens": 300}),
@@ -148,10 +153,12 @@ def test_the_cases_exercise_their_rules():
     # retracted requests re-hit their cached prompts: recomputed less than their whole tokens
     sp = theirs("retract_shared_prefix")
     assert any(o.preemptions and 0 < o.recomputed_tokens < 50 + 50 for o in sp.values())
-    for name in ("lock_protects_running", "lru_order", "evict_in_decode", "paged_over_estimate", "fcfs_refresh"):
+    for name in ("lock_protects_running", "lru_order", "evict_in_decode", "paged_over_estimate", "fcfs_refresh",
+                 "finish_touches_path"):
         assert runs[name][1].evicted_tokens > 0, name
     assert theirs("lru_order")["a2"].cached_tokens == 49  # a2 re-touched a, so b's leaf went first
     assert theirs("paged_over_estimate")["a2"].cached_tokens == 0
+    assert theirs("finish_touches_path")["a2"].cached_tokens == 16
     assert theirs("max_running")["r2"].first_token_s > theirs("max_running")["r0"].finish_s - 1
 
 

@@ -189,7 +189,11 @@ class RadixManager(KVManager):
         """``cache_unfinished_req``: after a prefill (chunk), put the computed prompt into the
         tree (its duplicates freed); move the lock."""
         length = seq.num_computed - seq.num_computed % self.page_size
-        if self.disable_radix_cache or length <= seq.prefix_len:
+        if self.disable_radix_cache:
+            return
+        if length <= seq.prefix_len:
+            if length > 0:  # nothing new, but the insert still touches the path (LRU)
+                self._insert(seq, length)
             return
         present, node = self._insert(seq, length)
         moved = length - seq.prefix_len  # private tokens now owned by the tree (or duplicates)
@@ -207,9 +211,9 @@ class RadixManager(KVManager):
         the rest, unlock."""
         if not self.disable_radix_cache:
             length = seq.num_computed - seq.num_computed % self.page_size
-            if length > seq.prefix_len:
+            if length > 0:  # also when nothing is new: the insert touches the path (LRU)
                 present, node = self._insert(seq, length)
-                if self.events is not None:
+                if length > seq.prefix_len and self.events is not None:
                     self.events.append(Cache(seq.req.id, tokens=length, new_tokens=length - present, node=node.id))
         self._release_private(seq)
         self.tree.dec_lock(seq.last_node)
