@@ -73,6 +73,12 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
     ("perf/speed.py", "nkvo_blocks = sum(g.n_blocks for g in placement.devices[1:]", "const -1"):
         "devices[0:] adds the host, which never holds a block without its cache (with -nkvo it holds every cache, "
         "without it its own blocks'; every layer caches K/V or a latent), so it adds 0 blocks",
+    ("perf/placement.py", "ngl_max = L + 1 if gpus else 0", "const +1", "0"):
+        "without GPUs place() has already set n_gpu_layers to 0, so ngl_max only bounds min(0, ngl_max) and the "
+        "--fit search that uses it is never reached",
+    ("perf/placement.py", "if n_gpu_layers_total and len(shares) == 1:", "const -1"):
+        "the one-GPU branch is a fast path: the general split gives one share every layer (_split_counts "
+        "returns [n]) and the output layer to that GPU, the same ranges",
     ("perf/kv_size.py", "if context <= 0:", "cmp LtE->Lt"):
         "at context 0 the general formula gives the same zeros (min(0, window) and 0 cells)",
     ("kv/sglang/radix_cache.py", "boff += step", "augassign Add->Sub"):
