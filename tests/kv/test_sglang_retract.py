@@ -536,3 +536,28 @@ def test_0_5_23_check_decode_mem_after_a_retraction_evicts_only_the_shortfall():
     assert [s.req.id for s in m.waiting] == ["r1"] and st.decode_tokens == 2
     assert m.tree.total_tokens == 32 and m.tree.match_prefix(runs_of_list(X + Y), 64)[0] == 32
     m.check_invariants()
+
+
+def test_0_5_23_release_evicts_only_the_20_step_shortfall():
+    # release_req: evict_from_tree_cache(remaining * 20), i.e. 20-step demand minus what is free.
+    # The tree holds X -> Y (30 + 30), locked by r2 (prompt X + Y, 11 outputs: 70 computed, 10
+    # of them private). r0 / r1 hold 29 / 24 private cells; 125 cells -> 2 free < 3 needed,
+    # nothing evictable -> retract r2: 12 free, X and Y unlocked; the 2 left want 40 -> evict
+    # 28: the leaf Y (30) suffices, X stays (evicting all 40 or 40 + 12 would take X too).
+    m = RadixManager(capacity_tokens=125)
+    X, Y, Z = ids(50_000, 30), ids(60_000, 30), ids(70_000, 30)
+    cache(m, X + Z, X + Y)
+    assert m.tree.evict(1) == 30  # Z
+    running(m, [("r0", 10, 20), ("r1", 10, 15)])
+    r2 = SglangRequest(Request("r2", 0, X + Y, 100), 2)
+    r2.prefix_len, node = m.tree.match_prefix(runs_of_list(X + Y), 60)
+    m.tree.inc_lock(node)
+    r2.last_node, r2.num_output, r2.num_computed, r2.private = node, 11, 70, 10
+    m.private_tokens += 10
+    m.running.append(r2)
+    m.check_invariants()
+    assert m.available() == 2 and m.tree.evictable_tokens == 0
+    st = m.step(0.0)
+    assert [s.req.id for s in m.waiting] == ["r2"] and st.decode_tokens == 2
+    assert m.tree.total_tokens == 30 and m.tree.match_prefix(runs_of_list(X + Y), 60)[0] == 30
+    m.check_invariants()
