@@ -168,6 +168,20 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
         "at available == len(running) the general per-request loop allocates the same cells, records the same Allocate events in the same order and samples the same tokens as the inlined fast path",
     ("kv/sglang/scheduler.py", "if self.page_size == 1 and self.available() >= len(self.running):", "const -1"):
         "page_size == 0 is never true: every page-1 decode takes the general loop, which does the same (see GtE->Gt)",
+    ("kv/sglang/scheduler.py", "if c >= seq.prompt_len + seq.num_output:", "binop Add->Sub"):
+        "every running request has caught up (num_computed = prompt + outputs - 1 before the step), so c >= prompt + outputs holds, and c >= prompt - outputs or c >= prompt hold as well",
+    ("kv/sglang/scheduler.py", "if c >= seq.prompt_len + seq.num_output:", "drop right term"):
+        "every running request has caught up (num_computed = prompt + outputs - 1 before the step), so c >= prompt + outputs holds, and c >= prompt - outputs or c >= prompt hold as well",
+    ("kv/sglang/scheduler.py", "if seq.num_output == 1 and seq.first_token_s is None:", "cmp Eq->NotEq"):
+        "dead in the decode fast path: a running request sampled at least its first token at prefill (num_output >= 2 after this step's increment) and the simulator stamped its first_token_s then, so the condition is false in every form",
+    ("kv/sglang/scheduler.py", "if seq.num_output == 1 and seq.first_token_s is None:", "cmp Is->IsNot"):
+        "dead in the decode fast path: a running request sampled at least its first token at prefill (num_output >= 2 after this step's increment) and the simulator stamped its first_token_s then, so the condition is false in every form",
+    ("kv/sglang/scheduler.py", "if seq.num_output == 1 and seq.first_token_s is None:", "boolop And->Or"):
+        "dead in the decode fast path: a running request sampled at least its first token at prefill (num_output >= 2 after this step's increment) and the simulator stamped its first_token_s then, so the condition is false in every form",
+    ("kv/sglang/scheduler.py", "if seq.num_output == 1 and seq.first_token_s is None:", "const +1"):
+        "dead in the decode fast path: a running request sampled at least its first token at prefill (num_output >= 2 after this step's increment) and the simulator stamped its first_token_s then, so the condition is false in every form",
+    ("kv/sglang/scheduler.py", "if seq.num_output == 1 and seq.first_token_s is None:", "const -1"):
+        "dead in the decode fast path: a running request sampled at least its first token at prefill (num_output >= 2 after this step's increment) and the simulator stamped its first_token_s then, so the condition is false in every form",
     ("runtime/tokenizer.py", "for k in range(1, len(merged)):", "const -1"):
         "the split at 0 pairs the empty piece with the whole one; no vocabulary holds the empty piece",
     ("runtime/tokenizer.py", "found.sort(key=lambda m: m[:3])", "const +1"):
