@@ -1,14 +1,15 @@
 """Issue 16, section 3: partial offload against published llama-bench -ngl sweeps.
 
-data/ngl_sweeps.json holds five checked sweeps with their sources (llama-bench's README, a Tesla
-P4 log, an RTX 5050 Laptop tutorial, two from llama.cpp PR #6083). Few name the host CPU/RAM, so
+data/ngl_sweeps.json holds six checked sweeps with their sources (llama-bench's README, a Tesla
+P4 log, an RTX 5050 Laptop tutorial, two from llama.cpp PR #6083, an RX 6700 XT Vulkan run; its
+--n-cpu-moe sweeps are tests/perf/test_n_cpu_moe.py's). Few name the host CPU/RAM, so
 the check is anchored (perf.calibration.check_ngl_sweep): the model's split of each step into
 CPU-side and GPU-side time, one scale per side (from the two ends where published, else least
 squares), the interior points predicted. What is tested is the shape: where the time goes as
 layers move, and where the largest step is.
 
 Measured when written (points not used as anchors): decode 18 points, |err| median 2.0 %, max
-9.3 % (the README's full offload); prefill 24 points, median 1.4 %, max 12.7 % (the RTX 5050's
+9.3 % (the README's full offload; with the sixth sweep 25 points, median 2.1 %, same max); prefill 24 points, median 1.4 %, max 12.7 % (the RTX 5050's
 ngl 10). The bounds below are those with a margin for the 2-scale fits' rounding, not more.
 The README's jump (tg 60.6 -> 131.7 t/s at its -ngl 33 -> 35) is the KV cache reaching the GPU
 (2023 -ngl semantics): the model gets it only through the per-block cost of a cache left in host
