@@ -83,14 +83,16 @@ def _model_dir() -> str:
 @contextlib.contextmanager
 def published(**server_args):
     """SGLang's code reads its settings from a process-wide context built from ServerArgs:
-    publish these for the run, the defaults again afterwards."""
+    publish these for the run (a CPU server without a tokenizer, no overlap scheduler), and
+    what was published before (_sglang_engine's defaults) again afterwards."""
     ctx = get_context()
-    base = dict(model_path=_model_dir(), device="cpu", skip_tokenizer_init=True, disable_overlap_schedule=True)
-    ctx.set_server_args(ServerArgs(**base, **server_args))
+    before = ctx.server_args
+    ctx.set_server_args(ServerArgs(model_path=_model_dir(), device="cpu", skip_tokenizer_init=True,
+                                   disable_overlap_schedule=True, **server_args))
     try:
         yield
     finally:
-        ctx.set_server_args(ServerArgs(**base))
+        ctx.set_server_args(before)
 
 
 @dataclass
