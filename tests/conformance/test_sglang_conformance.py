@@ -10,8 +10,9 @@ cases aim at one rule each (edge splits, lock protection, LRU order, pages, chun
 retraction, the lpm and fcfs policies, 0.5.2's eviction size); two windows of 1,000 Mooncake
 conversation requests evict over ten million tokens.
 
-Not compared here: SGLang's scheduler loop itself (PrefillAdder over its ScheduleBatch and
-Req objects); its 0.5.23 rules are ported from the code and hand-tested in tests/kv/test_radix.py.
+SGLang's whole scheduler loop (its Scheduler's get_next_batch_to_run, PrefillAdder over its
+ScheduleBatch and Req objects, retract_decode, the result processors) is compared request by
+request in test_sglang_loop.py.
 """
 
 from __future__ import annotations
