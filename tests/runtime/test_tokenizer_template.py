@@ -100,3 +100,29 @@ def test_a_token_list_of_numbers_is_refused(tmp_path):
 def test_merges_of_numbers_are_refused(tmp_path):
     with pytest.raises(FileFormatError, match="'tokenizer.ggml.merges' must be an array of strings"):
         _write(tmp_path / "t.gguf", tokens=["a", "b", "ab"], model="gpt2", arrays={"tokenizer.ggml.merges": [7, 8]}, template=None)
+
+
+def test_a_bos_id_of_zero_is_inside_the_vocabulary(tmp_path):
+    # ids 0 … n_tokens - 1 are tokens: BOS = 0 ("<unk>" here) is kept, and the template sees its text;
+    # the same for EOS = 0
+    tok = _write(tmp_path / "t.gguf", extra={"tokenizer.ggml.bos_token_id": ("uint32", 0)})
+    assert tok.bos_id == 0
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=False) == "<unk><user>x</s>"
+    tok = _write(tmp_path / "u.gguf", extra={"tokenizer.ggml.eos_token_id": ("uint32", 0)})
+    assert tok.eos_id == 0
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=False) == "<s><user>x<unk>"
+
+
+def test_scores_that_are_booleans_are_refused(tmp_path):
+    # a SentencePiece vocabulary's scores are numbers; a bool array (True == 1 in Python) is not
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(SPM_TOKENS)
+    w.add_token_types(SPM_TYPES)
+    w.add_array("tokenizer.ggml.scores", [True] * len(SPM_TOKENS))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(FileFormatError, match="tokenizer.ggml.scores must be numbers"):
+        tokenizer_from_gguf(open_gguf(tmp_path / "t.gguf"))
