@@ -79,6 +79,8 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
     ("perf/placement.py", "if n_gpu_layers_total and len(shares) == 1:", "const -1"):
         "the one-GPU branch is a fast path: the general split gives one share every layer (_split_counts "
         "returns [n]) and the output layer to that GPU, the same ranges",
+    ("quant/plan.py", "if hit is not None and hit[0] is tensors:", "const +1"):
+        "hit[1] (the plan) is never the tensor table, so the memo always misses and the plan is recomputed: the same plan",
     ("perf/kv_size.py", "if context <= 0:", "cmp LtE->Lt"):
         "at context 0 the general formula gives the same zeros (min(0, window) and 0 cells)",
     ("kv/sglang/radix_cache.py", "boff += step", "augassign Add->Sub"):
