@@ -184,6 +184,10 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
         "dead in the decode fast path: a running request sampled at least its first token at prefill (num_output >= 2 after this step's increment) and the simulator stamped its first_token_s then, so the condition is false in every form",
     ("kv/sglang/scheduler.py", "if seq.num_output == 1 and seq.first_token_s is None:", "const -1"):
         "dead in the decode fast path: a running request sampled at least its first token at prefill (num_output >= 2 after this step's increment) and the simulator stamped its first_token_s then, so the condition is false in every form",
+    ("kv/sglang/scheduler.py", "grow = 1 if self.page_size == 1 else", "const +1"):
+        "the general decode loop's page-1 branch is never reached: at page 1 the step has already evicted or retracted until len(running) cells are free, so the inlined fast path runs; page_size == 0 sends page 1 to the paged formula, which gives the same one cell (n % 1 == 0). Its other constants (page 2, n % p == 1, else 1) are killed by the paged tests",
+    ("kv/sglang/scheduler.py", "grow = 1 if self.page_size == 1 else", "const -1"):
+        "the general decode loop's page-1 branch is never reached: at page 1 the step has already evicted or retracted until len(running) cells are free, so the inlined fast path runs; page_size == 0 sends page 1 to the paged formula, which gives the same one cell (n % 1 == 0). Its other constants (page 2, n % p == 1, else 1) are killed by the paged tests",
     ("runtime/tokenizer.py", "for k in range(1, len(merged)):", "const -1"):
         "the split at 0 pairs the empty piece with the whole one; no vocabulary holds the empty piece",
     ("runtime/tokenizer.py", "found.sort(key=lambda m: m[:3])", "const +1"):
