@@ -178,30 +178,6 @@ def test_reservation_clips_each_requests_remaining_tokens_at_4096():
     assert reserved_by_running([_Run(4097, 1), _Run(10, 3)], 1.0) == 4096 + 7
 
 
-def test_v2_chunked_request_when_the_room_left_is_zero_or_one():
-    # remaining_total = 1000 - 1000 = 0: int(0) is not > 0, so the chunk budget (2048) applies,
-    # which the 1000-cell pool bounds (simulator guard): a 1000-token chunk. With 999 reserved,
-    # remaining_total = 1 > 0 -> a 1-token chunk.
-    for reserved, chunk in ((1000.0, 1000), (999.0, 1)):
-        a, tree = adder(room=1000, reserved=reserved)
-        s = req("r", ids(0, 5000), 10, tree=tree)
-        s.num_computed = 2048
-        assert a.add_chunked_req(s) is False and a.adds == [(s, chunk)]
-    # a pool of 10 cells at page 16 with nothing left of remaining_total (10 reserved): the chunk
-    # budget applies, bounded by the pool's whole pages: 10 - 10 % 16 = 0 -> nothing this round
-    a, tree = adder(room=10, page=16, reserved=10.0)
-    s = req("r", ids(0, 5000), 10, tree=tree)
-    s.num_computed = 2048
-    assert a.add_chunked_req(s) is False and a.adds == []
-
-
-@pytest.mark.parametrize("v2", [True, False])
-def test_a_one_token_chunk_budget_chunks_one_token(v2):
-    # chunked_prefill_size 1 (page 1): a 5-token prompt is cut to 1 token (> 0: ADDED_CHUNKED).
-    a, tree = adder(room=1000, chunk=1, v2=v2)
-    assert a.add_one_req(req("r", ids(0, 5), 3, tree=tree), 0, tree.root) == (ADDED_CHUNKED, 1)
-
-
 # ------------------------------------------------------------------ PrefillAdder: 0.5.23 (PrefillBudget)
 
 def adder(room=10_000, page=1, max_prefill=16384, chunk=2048, reserved=0.0, v2=True, tree=None):
