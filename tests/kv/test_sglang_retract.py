@@ -1,6 +1,5 @@
-"""SGLang's scheduler loop by hand: retraction (0.5.23's "until the next decode step fits" and
-0.5.2's "20 steps of headroom"), the new-token ratio, eviction for allocations (0.5.2 asks the
-tree for the whole allocation, 0.5.23 for the shortfall), the decode fast-forward, admission
+"""SGLang's scheduler loop by hand: retraction (both versions: until the next decode step fits),
+the new-token ratio, eviction for allocations (0.5.2 asks the tree for the whole allocation, 0.5.23 for the shortfall), the decode fast-forward, admission
 limits and the hit-rate metric. Expected figures are derived in the comments from SGLang's code
 (schedule_batch.retract_decode / release_req / check_decode_mem, scheduler_components/
 new_token_ratio_tracker.py, mem_cache/allocator/base.evict_to_free_tokens) and
@@ -48,8 +47,7 @@ def test_retraction_ties_on_outputs_take_the_longest_prompt_first(version):
     # end. All have 10 outputs; prompts 10, 30, 20 -> keys (10,-10) > (10,-20) > (10,-30): r1
     # (prompt 30, 39 cells) goes first. 88 cells, 19 + 39 + 29 = 87 used, 1 free < 3.
     # After r1: 40 free, and the next decode step of the two left needs 2 <= 40 -> stop (both
-    # versions' retract_decode loop on `not check_decode_mem(selected_indices)`; the simulator's
-    # 0.5.2 rule, 40 >= 2 * 20 steps of headroom, stops here too, at equality).
+    # versions' retract_decode loop on `not check_decode_mem(selected_indices)`).
     m = RadixManager(capacity_tokens=88, version=version)
     running(m, [("r0", 10, 10), ("r1", 30, 10), ("r2", 20, 10)])
     m._retract()
@@ -61,16 +59,11 @@ def test_retraction_ties_on_outputs_take_the_longest_prompt_first(version):
     m.check_invariants()
 
 
-@pytest.mark.parametrize("version", [
-    pytest.param("0.5.2", marks=pytest.mark.xfail(strict=True, reason=(
-        "SGLang 0.5.2's retract_decode (schedule_batch.py) loops `while first_iter or not "
-        "check_decode_mem(selected_indices=sorted_indices)`: it stops when the next decode step fits; "
-        "retract_decode_steps (20) only enters the new ratio. The simulator's 0.5.2 path wants 20 steps "
-        "of headroom (reported, issue 18)"))),
-    "0.5.23"])
+@pytest.mark.parametrize("version", ["0.5.2", "0.5.23"])
 def test_retraction_stops_when_the_next_decode_step_fits(version):
     # As above with 87 cells (0 free): after r1, 39 free >= 2 for the next step of the two
-    # left -> stop, r2 stays (a 20-step rule would retract r2 too: 39 < 40).
+    # left -> stop, r2 stays (a 20-step rule would retract r2 too: 39 < 40). Both versions:
+    # 0.5.2's schedule_batch.py line 1428 loops `while first_iter or not check_decode_mem(...)`.
     m = RadixManager(capacity_tokens=87, version=version)
     running(m, [("r0", 10, 10), ("r1", 30, 10), ("r2", 20, 10)])
     m._retract()
@@ -99,6 +92,29 @@ def test_0_5_23_evicts_the_20_step_shortfall_after_each_retraction():
         assert [s.req.id for s in m.waiting] == ["r2"]
         assert m.tree.total_tokens == tree_left
         assert m.available() == 124 - 29 - 24 - tree_left
+        m.check_invariants()
+
+
+def test_0_5_2_rejects_a_resumed_request_that_can_never_be_readmitted():
+    # 0.5.2's add_one_req: total_tokens = extend + min(max_new, 4096) >= rem_total_tokens ->
+    # NO_TOKEN, with the whole max_new even after a retraction. 100 cells, empty pool: a resumed
+    # request with prompt 10 and 35 of 60 outputs asks 45 + 60 = 105 >= 100 and can never be
+    # admitted (SGLang 0.5.2 would wait forever): rejected. One with 29 outputs asks 39 + 60 =
+    # 99 < 100: admitted, its 39 tokens prefilled. 0.5.23 asks for what is left (45 + 25 + 1).
+    for version, rejected in (("0.5.2", ["a"]), ("0.5.23", [])):
+        m = RadixManager(capacity_tokens=100, version=version)
+        seqs = []
+        for k, (rid, outputs) in enumerate((("a", 35), ("b", 29))):
+            s = SglangRequest(Request(rid, 0, ids(1000 * (k + 1), 10), 60), k)
+            assert m.add(s, 0.0) is None
+            s.num_output, s.preemptions = outputs, 1
+            seqs.append(s)
+        m.waiting.rotate(-1)  # b first: a's rejection does not depend on its place in the queue
+        st = m.step(0.0)
+        assert [s.req.id for s in st.rejected] == rejected
+        if version == "0.5.2":
+            assert seqs[0].rejected and "wait forever" in seqs[0].rejected
+            assert [s.req.id for s in m.running] == ["b"] and st.prefill_tokens == 39
         m.check_invariants()
 
 

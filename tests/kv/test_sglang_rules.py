@@ -393,10 +393,15 @@ def test_v1_reserves_min_max_new_4096_for_a_fresh_request():
     assert a.offset == 510 + 4096
 
 
-@pytest.mark.xfail(strict=True, reason="SGLang 0.5.2's add_one_req checks and reserves extend + "
-                   "min(sampling_params.max_new_tokens, 4096) (schedule_policy.py, `total_tokens = ...`, "
-                   "`_update_prefill_budget(prefix_len, input_tokens, min(max_new_tokens, CLIP))`); the "
-                   "simulator's 0.5.2 path subtracts the tokens already generated (reported, issue 18)")
+def test_v1_budgets_take_the_page_ceiled_extend():
+    # 0.5.2's _update_prefill_budget (schedule_policy.py line 371): extend_input_len =
+    # ceil_paged_tokens(extend) for every budget. Page 16, prompt 50 -> 64: offset 64 + max_new 5
+    # = 69 (no extra page, unlike 0.5.23), rem_input 16384 - 64, rem_chunk 2048 - 64.
+    a, tree = adder(room=100_000, page=16, v2=False)
+    assert a.add_one_req(req("r", ids(0, 50), 5, tree=tree), 0, tree.root) == (ADDED, 50)
+    assert (a.offset, a.current, a.rem_input, a.rem_chunk) == (69, 64, 16384 - 64, 2048 - 64)
+
+
 def test_v1_reserves_a_resumed_requests_whole_max_new_tokens():
     # A request retracted after 60 of 100 tokens: extend 10 + 60 = 70, 0.5.2 reserves 70 + 100
     # (reset_for_retract keeps sampling_params; nothing subtracts len(output_ids) in 0.5.2).
@@ -454,10 +459,6 @@ def test_v1_chunked_request_continues():
     assert a.add_chunked_req(s) is True and a.adds == [(s, 2048)] and a.rem_chunk == 0
 
 
-@pytest.mark.xfail(strict=True, reason="SGLang 0.5.2's add_chunked_req bounds the chunk by int(rem_total_tokens) "
-                   "and its last chunk reserves min(max_new_tokens, 4096) (`_update_prefill_budget(0, extend, "
-                   "min(max_new, CLIP) if not truncated else 0)`); the simulator's 0.5.2 path does neither "
-                   "(reported, issue 18)")
 def test_v1_chunked_request_is_bounded_by_the_room_and_its_last_chunk_reserves_max_new():
     # last chunk: 904 + min(10, 4096) = 914 reserved
     a, tree = adder(room=100_000, v2=False)

@@ -12,12 +12,17 @@ Rules (docs/engines/sglang.md, "Waiting-queue policies", "Building a prefill bat
 * admission uses ``rem_total_tokens`` (free + evictable minus the running requests' reserved
   future tokens scaled by ``new_token_ratio``, minus what this round admitted),
   ``max_prefill_tokens`` and ``chunked_prefill_size``, with at most one chunked request.
-  0.5.2: a request fits when ``extend + future < rem_total``, and reserves ``extend + future``;
-  ``max_prefill_tokens`` always stops the round. 0.5.23 (``PrefillBudget``): it fits when
-  ``extend + future + page_size < rem_total`` and reserves its page-ceiled extend, one page
-  and (unless chunked) ``min(max_new_tokens, 4096)``, its whole budget even when resumed
-  after a retraction; an extend is compared with ``max_prefill_tokens`` only with chunked
-  prefill off, and the round stops after an admission that spends a budget (``budget_state``).
+  0.5.2: a request fits when ``extend + min(max_new_tokens, 4096) < rem_total`` (its whole
+  max_new, also when resumed after a retraction) and reserves its page-ceiled extend and
+  (unless chunked) ``min(max_new_tokens, 4096)``; a page-ceiled extend of at least what is
+  left of ``max_prefill_tokens`` stops the round, chunked or not; the chunked request's next
+  chunk is ``min(rem_chunk, int(rem_total))`` and its last chunk reserves
+  ``min(max_new_tokens, 4096)``. 0.5.23 (``PrefillBudget``): it fits when
+  ``extend + future + page_size < rem_total`` (``future``: what is left to generate) and
+  reserves its page-ceiled extend, one page and (unless chunked) ``min(max_new_tokens, 4096)``,
+  its whole budget even when resumed after a retraction; an extend is compared with
+  ``max_prefill_tokens`` only with chunked prefill off. Both versions stop the round after an
+  admission that spends a budget (``add_one_req`` returns ``budget_state()``).
 
 Not modelled: ``--enable-mixed-chunk``, priority scheduling, ``hrrn`` and the other 0.5.23
 policies.
@@ -129,8 +134,8 @@ class PrefillAdder:
         self.reserved = reserved
         self.budget_v2 = budget_v2
         self.offset = 0  # tokens this round has taken (extends and admitted requests' futures)
-        self.current = 0  # 0.5.23's current_offset: this round's immediate allocations only
-        self.cells = 0  # 0.5.2: KV cells (whole pages) this round's admissions allocate
+        self.current = 0  # cur_rem_token_offset: this round's immediate allocations only
+        self.cells = 0  # 0.5.2: KV cells (whole pages) this round's admissions allocate (the simulator's guard)
         self.adds: list[tuple[Any, int]] = []
 
     def _ceil_page(self, n: int) -> int:
@@ -140,10 +145,12 @@ class PrefillAdder:
         return self.room() - self.reserved - self.offset
 
     def _charge(self, chunk: int, max_new: int) -> None:
-        """0.5.23's ``_update_prefill_budget`` / ``PrefillBudget.reserve`` for one admission."""
+        """``_update_prefill_budget`` (0.5.2) / ``PrefillBudget.reserve`` (0.5.23) for one
+        admission: the page-ceiled extend (and in 0.5.23 one page) plus ``max_new``."""
         paged = self._ceil_page(chunk)
-        self.offset += paged + self.page_size + max_new
-        self.current += paged + self.page_size
+        page = self.page_size if self.budget_v2 else 0
+        self.offset += paged + page + max_new
+        self.current += paged + page
         self.rem_input -= paged
         if self.rem_chunk is not None:
             self.rem_chunk -= paged
@@ -176,22 +183,20 @@ class PrefillAdder:
                 self.adds.append((seq, chunk))
             self._charge(chunk, min(seq.out_len, CLIP_MAX_NEW_TOKENS) if last else 0)
             return last
-        last = False
+        rem_chunk = self.rem_chunk  # 0.5.2: min(rem_chunk_tokens, int(rem_total_tokens)), not page-floored
+        assert rem_chunk is not None  # (a chunked request exists only with chunked prefill on)
+        chunk = min(extend, rem_chunk, int(self.remaining_total()))
         room = self.room()
-        if extend > room:  # simulator guard: SGLang would fail the prefill; wait for memory
-            extend = room - room % p
-        rem_chunk = self.rem_chunk
-        if rem_chunk is not None and extend > rem_chunk:
-            extend = rem_chunk - rem_chunk % p
-        elif extend == seq.num_tokens - seq.num_computed:
-            last = True
-        if extend > 0:
-            self.adds.append((seq, extend))
-            self.cells += self._ceil_page(seq.num_computed + extend) - self._ceil_page(seq.num_computed)
-        self.rem_input -= extend
-        if rem_chunk is not None:
-            self.rem_chunk = rem_chunk - extend
-        self.offset += extend
+        c = seq.num_computed
+        fit = self._ceil_page(c) - c + room - room % p  # the most tokens whole new pages in the room take
+        if chunk > fit:  # simulator guard: SGLang would fail the prefill; wait for memory
+            chunk = fit
+        chunk = max(chunk, 0)  # (SGLang 0.5.2 would take a negative extend when rem_total < 0)
+        last = chunk == extend
+        if chunk > 0:
+            self.adds.append((seq, chunk))
+            self.cells += self._ceil_page(seq.num_computed + chunk) - self._ceil_page(seq.num_computed)
+        self._charge(chunk, min(seq.out_len, CLIP_MAX_NEW_TOKENS) if last else 0)
         return last
 
     def add_one_req(self, seq, prefix_len: int, node: Node) -> tuple[str, int]:
@@ -201,7 +206,10 @@ class PrefillAdder:
         prefill budget is spent) the round stops."""
         p = self.page_size
         extend = seq.num_tokens - prefix_len
-        future = min(seq.out_len - seq.num_output, CLIP_MAX_NEW_TOKENS)
+        # 0.5.23's fit check asks for what is left to generate; 0.5.2's total_tokens for the whole
+        # min(max_new_tokens, 4096), also when resumed after a retraction
+        future = min(seq.out_len - (seq.num_output if self.budget_v2 else 0), CLIP_MAX_NEW_TOKENS)
+        before_lock = 0.0 if self.budget_v2 else self.remaining_total()  # 0.5.2 checks before and after
         self.tree.inc_lock(node)  # the budget is checked with the prefix locked (_lock_node)
         rem_total = self.remaining_total()
         outcome, chunk = ADDED, extend
@@ -215,13 +223,17 @@ class PrefillAdder:
                 end = (prefix_len + self.rem_chunk // p * p) // p * p
                 chunk = end - prefix_len
                 outcome = OTHER if chunk <= 0 else ADDED_CHUNKED
-        elif extend + future >= rem_total:
-            outcome = NO_TOKEN
-        elif extend >= self.rem_input and self.adds:
-            outcome = OTHER
-        elif self.rem_chunk is not None and extend > self.rem_chunk:
-            chunk = self.rem_chunk - self.rem_chunk % p
-            outcome = OTHER if chunk <= 0 else ADDED_CHUNKED
+        else:  # 0.5.2: total_tokens = extend + min(max_new, 4096); input_tokens = ceil_paged(extend)
+            paged = self._ceil_page(extend)
+            if extend + future >= before_lock:
+                outcome = NO_TOKEN
+            elif paged >= self.rem_input and self.adds:
+                outcome = OTHER
+            elif extend + future >= rem_total:  # rem_total_tokens may decrease after the lock
+                outcome = NO_TOKEN
+            elif self.rem_chunk is not None and paged > self.rem_chunk:
+                chunk = self.rem_chunk // p * p
+                outcome = OTHER if chunk <= 0 else ADDED_CHUNKED
         if (not self.budget_v2 and outcome != OTHER and outcome != NO_TOKEN
                 and self._ceil_page(prefix_len + chunk) - self._ceil_page(prefix_len) + self.cells > self.room()):
             # simulator guard: 0.5.2's budget counts tokens, not whole pages, so with pages it can
@@ -232,12 +244,8 @@ class PrefillAdder:
             self.tree.dec_lock(node)
             return outcome, 0
         self.adds.append((seq, chunk))
-        if self.budget_v2:  # the full max_new_tokens, also when resumed after a retraction
-            self._charge(chunk, min(seq.out_len, CLIP_MAX_NEW_TOKENS) if outcome == ADDED else 0)
-            return outcome, chunk
-        self.offset += chunk + (future if outcome == ADDED else 0)
-        self.cells += self._ceil_page(prefix_len + chunk) - self._ceil_page(prefix_len)
-        self.rem_input -= chunk
-        if self.rem_chunk is not None:
-            self.rem_chunk -= chunk
+        if not self.budget_v2:
+            self.cells += self._ceil_page(prefix_len + chunk) - self._ceil_page(prefix_len)
+        # the full max_new_tokens, also when resumed after a retraction (both versions)
+        self._charge(chunk, min(seq.out_len, CLIP_MAX_NEW_TOKENS) if outcome == ADDED else 0)
         return outcome, chunk

@@ -11,10 +11,11 @@ Rules (docs/engines/sglang.md, "Decode and prefill interleaving, retraction, new
 * the pool evicts for an allocation (0.5.2 asks the tree for the full allocation, 0.5.23 only
   the shortfall);
 * when a decode step lacks memory the request with the fewest output tokens (ties: longest
-  prompt) is retracted: 0.5.2 until the rest has 20 steps of headroom, 0.5.23 until the next
-  decode step fits (aborting the last request if even it cannot decode); ``new_token_ratio``
-  then restarts from the remaining batch's progress, and decays by (init - min)/600 per decode
-  step;
+  prompt) is retracted until the next decode step fits (``check_decode_mem``, which evicts:
+  0.5.2 the whole need, 0.5.23 the shortfall); the last request is kept (0.5.23 aborts it if
+  even it cannot decode; SGLang 0.5.2 then fails an assertion, and the simulator aborts it
+  too); ``new_token_ratio`` then restarts from the remaining batch's progress (20 steps per
+  request left), and decays by (init - min)/600 per decode step;
 * a request whose KV (whole pages) or admission reservation can never fit the pool is rejected
   on arrival.
 
@@ -294,11 +295,10 @@ class RadixManager(KVManager):
             if outcome == ADDED_CHUNKED:
                 new_chunked = seq
                 break
-            if v23:  # add_one_req returns budget_state(): an admission that spends the budget ends the round
-                state = adder.budget_state()
-                if state != ADDED:
-                    self.batch_is_full = self.batch_is_full or state == NO_TOKEN
-                    break
+            state = adder.budget_state()  # add_one_req returns budget_state() (both versions): an
+            if state != ADDED:  # admission that spends a budget ends the round
+                self.batch_is_full = self.batch_is_full or state == NO_TOKEN
+                break
         if admitted:  # admitted requests are a prefix of the (ordered) queue
             for _ in admitted:
                 self.waiting.popleft()
@@ -309,6 +309,8 @@ class RadixManager(KVManager):
     def step(self, now: float) -> StepStats:
         st = StepStats()
         was_empty = not self.running
+        if self.version == "0.5.2" and was_empty and self.chunked is None and self.waiting:
+            self._reject_never_admissible(st)
         adds = self._prefill_round(now)
         if adds:
             p = self.page_size
@@ -346,6 +348,23 @@ class RadixManager(KVManager):
             return st
         self._decode(st)
         return st
+
+    def _reject_never_admissible(self, st: StepStats) -> None:
+        """0.5.2 re-admits a retracted request only when its prompt, the tokens it had generated
+        and its whole ``min(max_new_tokens, 4096)`` fit below the pool (``total_tokens >=
+        rem_total_tokens``; its own cached prefix is locked, so this holds whatever the tree
+        keeps). One that cannot would block the queue forever in SGLang 0.5.2; with nothing
+        running the simulator rejects it instead."""
+        cap = self.capacity_tokens
+        stuck = [s for s in self.waiting if s.num_tokens + min(s.out_len, CLIP_MAX_NEW_TOKENS) >= cap]
+        if not stuck:
+            return
+        gone = set(map(id, stuck))
+        self.waiting = deque(s for s in self.waiting if id(s) not in gone)
+        for s in stuck:
+            s.rejected = (f"aborted: resumed with {s.num_tokens} tokens + {min(s.out_len, CLIP_MAX_NEW_TOKENS)} new "
+                          f"cannot be re-admitted to a pool of {cap} (SGLang 0.5.2 would wait forever)")
+            st.rejected.append(s)
 
     def _decode(self, st: StepStats) -> None:
         need = len(self.running)  # one new token slot per request (page_size 1)
@@ -430,10 +449,12 @@ class RadixManager(KVManager):
         return sum(self.page_size for s in reqs if s.num_computed % self.page_size == 0)
 
     def _decode_fits(self, reqs) -> bool:
-        """``check_decode_mem``: evict the shortfall, then whether the next decode step fits."""
+        """``check_decode_mem``: evict (0.5.2: the whole need, 0.5.23: the shortfall) when the
+        pool is short, then whether the next decode step fits."""
         need = self._decode_need(reqs)
-        if self.available() < need:
-            self.tree.evict(need - self.available())
+        avail = self.available()
+        if avail < need:
+            self.tree.evict(need if self.version == "0.5.2" else need - avail)
         return self.available() >= need
 
     def _retract_one(self, seq: SglangRequest) -> None:
@@ -446,18 +467,22 @@ class RadixManager(KVManager):
         seq.num_computed = 0
 
     def _retract(self) -> None:
-        """``retract_decode``: fewest outputs first (ties: longest prompt). 0.5.2: until 20 steps
-        of headroom; 0.5.23: until the next decode step fits (each retraction evicting the
-        shortfall of 20 steps for those left), aborting the last request if even it alone
-        cannot decode."""
+        """``retract_decode``: fewest outputs first (ties: longest prompt), until the next decode
+        step fits (``while first_iter or not check_decode_mem(selected_indices)``; 20 steps enter
+        only the new ratio). 0.5.23 evicts the shortfall of 20 steps for those left after each
+        retraction and aborts the last request if even it alone cannot decode; 0.5.2 stops at
+        the last request (SGLang 0.5.2 then fails an assertion, "No space left for only one
+        request", where it cannot decode: the simulator aborts it instead)."""
         order = sorted(self.running, key=lambda s: (s.num_output, -s.prompt_len), reverse=True)
         v23 = self.version == "0.5.23"
         retracted = 0
-        while len(order) > 1:
-            if v23:
-                if retracted and self._decode_fits(order):
+        fits = False
+        while True:
+            if retracted:
+                fits = self._decode_fits(order)
+                if fits:
                     break
-            elif retracted and self.available() + self.tree.evictable_tokens >= len(order) * RETRACT_DECODE_STEPS:
+            if len(order) <= 1:  # "Corner case: only one request left"
                 break
             seq = order.pop()
             self._retract_one(seq)
@@ -468,10 +493,11 @@ class RadixManager(KVManager):
                 want = len(order) * RETRACT_DECODE_STEPS
                 if self.available() < want:
                     self.tree.evict(want - self.available())
-        if v23 and len(order) <= 1 and not self._decode_fits(order):
+        if not fits and (retracted or not self._decode_fits(order)):  # (after a retraction: checked above)
             seq = order.pop()  # "Out of memory even after retracting all other requests"
             self._retract_one(seq)
-            seq.rejected = "aborted: out of KV memory even after retracting every other request (SGLang 0.5.23)"
+            seq.rejected = (f"aborted: out of KV memory even after retracting every other request (SGLang "
+                            f"{self.version})")
             self.aborted.append(seq)
         # filter_batch(keep_indices=sorted_indices): the batch keeps the retraction order (most
         # outputs first, ties: shortest prompt), which orders later inserts and LRU touches
@@ -481,7 +507,7 @@ class RadixManager(KVManager):
         if avail < need and not v23:
             self.tree.evict(need)
         decoded = sum(s.num_output for s in order)
-        max_new = sum(s.out_len for s in order) + (1 if self.version == "0.5.23" else 0)
+        max_new = sum(s.out_len for s in order) + (1 if self.version == "0.5.23" else 0) or 1  # (0.5.2: none left)
         self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(order)) / max_new)
         self.batch_is_full = False
 
