@@ -164,8 +164,6 @@ EQUIVALENT: dict[tuple[str, ...], str] = {  # (module, line start, mutation[, no
         "a finished or retracted request's prefix_len is never read again: finished ones are gone, a retracted one is re-matched (prefix_len set from the match) before anything reads it, and invariants check live ones only",
     ("kv/sglang/scheduler.py", "if self.available() < want:", "cmp Lt->LtE"):
         "release_req's eviction of the 20-step shortfall: at available == want it evicts 0 tokens, which frees nothing",
-    ("kv/sglang/scheduler.py", "if v23 and len(order) <= 1 and not self._decode_fits(order):", "const +1"):
-        "the loop above ends with 2+ requests only by its break, when the next step fits; then it still fits here (nothing changed), so `<= 2` aborts no one that `<= 1` spares",
     ("kv/sglang/scheduler.py", "if self.page_size == 1 and self.available() >= len(self.running):", "cmp GtE->Gt"):
         "at available == len(running) the general per-request loop allocates the same cells, records the same Allocate events in the same order and samples the same tokens as the inlined fast path",
     ("kv/sglang/scheduler.py", "if self.page_size == 1 and self.available() >= len(self.running):", "const -1"):
