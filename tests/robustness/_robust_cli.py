@@ -16,6 +16,15 @@ MEMORY_LIMIT = 4 << 30  # address space: a runaway allocation fails (MemoryError
 SECONDS = 30  # generous on a loaded 2-core machine; a hang or a minutes-long loop still fails
 
 
+def sigint_default() -> None:
+    """preexec_fn for a child that a test interrupts: SIGINT back to its default. A shell that
+    starts the test run in the background (`cmd &` without job control) leaves SIGINT ignored,
+    the children inherit that, and Python then installs no KeyboardInterrupt handler."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 

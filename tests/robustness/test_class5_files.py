@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from _robust_cli import assert_bad_input, files, run_cli
+from _robust_cli import assert_bad_input, files, run_cli, sigint_default
 
 WRITERS = {
     "simulate": ["simulate", "--workload", "seed-chat", "--capacity-tokens", "384", "--plot"],
@@ -51,7 +51,7 @@ def test_a_successful_write_replaces_the_file_and_leaves_no_temporary(tmp_path, 
 def _interrupt(args, ready: str, tmp_path, deadline_s=120):
     """Start `inferlab args`, wait until stderr shows `ready`, send SIGINT; (returncode, stderr, seconds to stop)."""
     p = subprocess.Popen([sys.executable, "-m", "inferlab", *map(str, args)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     seen = ""
     deadline = time.monotonic() + deadline_s
     try:

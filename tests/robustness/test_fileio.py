@@ -12,6 +12,7 @@ import pytest
 
 from inferlab.errors import InvalidValueError
 from inferlab.fileio import atomic_write, check_output_path
+from _robust_cli import sigint_default
 
 
 def test_a_failing_writer_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -60,7 +61,7 @@ def test_ctrl_c_stops_a_long_simulation_within_a_second_and_leaves_no_plot(tmp_p
 
     out = tmp_path / "t.png"
     p = subprocess.Popen([sys.executable, "-m", "inferlab", "simulate", "--trace", str(CONVERSATION_TRACE),
-                          "--capacity-tokens", "65536", "--plot", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--capacity-tokens", "65536", "--plot", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     deadline = time.monotonic() + 60
     line = ""
     while time.monotonic() < deadline and "requests" not in line:  # wait until the simulation runs (progress on stderr)

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from _robust_cli import sigint_default
 
 
 def _parts(folder) -> list[str]:
@@ -21,7 +22,7 @@ def test_ctrl_c_during_quantization_stops_validate_promptly(tmp_path):
     pytest.importorskip("llama_cpp")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     p = subprocess.Popen([sys.executable, "-m", "inferlab", "validate", "--models", "toy-290m", "--presets", "Q8_0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=sigint_default)
     try:
         deadline = time.monotonic() + 90
         while not _parts(tmp_path) and p.poll() is None and time.monotonic() < deadline:
