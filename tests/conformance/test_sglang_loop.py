@@ -38,31 +38,13 @@ loop = engine_or_skip("_sglang_loop", reason=f"SGLang {SGLANG_VERSION} is not in
                            f"pip install --no-deps sglang=={SGLANG_VERSION} (scripts/test does)")
 
 
-def ids(start, n):
-    return list(range(start, start + n))
+# the tree suite's cases (one rule each) run through the whole loop too; the rest are the loop's own
+from test_sglang_conformance import CASES as TREE_CASES, S, ids  # noqa: E402
 
-
-S = ids(0, 40)  # a shared stem
 # name -> (requests, RadixManager / SglangLoop options); the rule each case aims at in its comment
-CASES = {
-    # b diverges inside a's cached edge: 40 tokens hit
-    "split_on_partial_match": ([Request("a", 0, S + ids(900, 20), 2), Request("b", 10, S + ids(950, 20), 2)], {}),
-    # c needs room while b runs: only a's unlocked leaf may be evicted
-    "lock_protects_running": ([Request("a", 0, ids(0, 60), 1), Request("b", 5, ids(1000, 60), 30),
-                               Request("c", 6, ids(2000, 50), 2)], {"capacity_tokens": 170}),
-    # the least recently used leaf goes first (a was touched again by a2)
-    "lru_order": ([Request(n, k, ids(1000 * k, 50), 1) for k, n in enumerate("abc")]
-                  + [Request("a2", 4, ids(0, 50), 1), Request("big", 6, ids(9000, 120), 1)],
-                  {"capacity_tokens": 220}),
-    # page-aligned keys: 37 shared tokens hit two pages (32)
-    "page_16": ([Request("a", 0, ids(0, 50), 5), Request("b", 10, ids(0, 37) + ids(700, 20), 5)],
-                {"page_size": 16, "capacity_tokens": 1024}),
-    # chunks of 64: each chunk enters the tree; b hits a's chunks
-    "chunked_prefill": ([Request("a", 0, ids(0, 300), 3), Request("b", 1, ids(0, 200) + ids(800, 30), 3)],
-                        {"chunked_prefill_size": 64}),
-    # a decode step that does not fit retracts the newest (fewest outputs), which recomputes later
-    "retraction": ([Request(f"r{k}", k, ids(100 * k, 10), 40) for k in range(3)],
-                   {"capacity_tokens": 100, "schedule_conservativeness": 0.3}),
+CASES = {name: TREE_CASES[name] for name in ("split_on_partial_match", "lock_protects_running", "lru_order", "page_16",
+                                             "chunked_prefill", "retraction", "lpm_policy", "fcfs_refresh", "dfs_weight")}
+CASES |= {
     # the batch-full flag set while nothing ran dies with the empty running batch (the prefill
     # batch replaces it): r2 and r3 are admitted one step later, and one of them is retracted
     "retract_chain": ([Request(f"r{k}", 0, ids(100 * k, 20), 60) for k in range(6)],
@@ -98,16 +80,8 @@ CASES = {
     "finish_touches_path": ([Request("a", 0, ids(0, 20), 3), Request("b", 0, ids(1000, 20), 1),
                              Request("c", 4, ids(2000, 40), 1), Request("a2", 6, ids(0, 20), 1)],
                             {"page_size": 16, "capacity_tokens": 80}),
-    # lpm: longest match first, a shared uncached 32+-token stem deprioritised
-    "lpm_policy": ([Request(f"r{k}", 0, S + ids(5000 + 50 * k, 10), 3) for k in range(5)]
-                   + [Request("x", 1, ids(0, 45), 2)], {"schedule_policy": "lpm", "capacity_tokens": 300}),
     "lpm_retract": ([Request(f"r{k}", k // 2, S + ids(5000 + 50 * k, 10), 40) for k in range(6)],
                     {"schedule_policy": "lpm", "capacity_tokens": 300, "schedule_conservativeness": 0.1}),
-    # fcfs with a long queue: the waiting prefixes are touched every 32nd round
-    "fcfs_refresh": ([Request(f"r{k}", 0, S + ids(6000 + 10 * k, 8), 6) for k in range(40)],
-                     {"capacity_tokens": 400, "max_running_requests": 2}),
-    "dfs_weight": ([Request(f"r{k}", k // 3, (S if k % 2 else ids(3000, 40)) + ids(7000 + 10 * k, 5), 3)
-                    for k in range(8)], {"schedule_policy": "dfs-weight", "capacity_tokens": 400}),
 }
 
 

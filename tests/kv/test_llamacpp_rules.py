@@ -14,24 +14,9 @@ import pytest
 from inferlab.kv.llamacpp.prompt_cache import PromptCache
 from inferlab.kv.llamacpp.server import CONTEXT_EXCEEDED, SlotManager
 from inferlab.kv.llamacpp.slots import Slot
-from inferlab.kv.time_model import TimeModel
 from inferlab.kv_managers import Request, simulate
 
-
-def ids(start, n):
-    return list(range(start, start + n))
-
-
-def steps_of(reqs, manager, **kw):
-    """The run and its steps as (prefill, decode, context) triples."""
-    steps = []
-
-    def cost(p, b, c):
-        steps.append((p, b, c))
-        return 1.0
-
-    run = simulate(reqs, manager, TimeModel(cost, name="recorder"), check_invariants=True, **kw)
-    return run, steps
+from _recorded_steps import ids, steps_of
 
 
 def by_id(run):

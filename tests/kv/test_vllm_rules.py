@@ -10,25 +10,10 @@ per-step triples below are the scheduler's decisions, derived in the comments.
 
 import pytest
 
-from inferlab.kv.time_model import TimeModel
 from inferlab.kv.vllm.block_pool import FreeBlockQueue
 from inferlab.kv_managers import PagedManager, Request, simulate
 
-
-def ids(start, n):
-    return list(range(start, start + n))
-
-
-def steps_of(reqs, manager, **kw):
-    """The run and its steps as (prefill, decode, context) triples."""
-    steps = []
-
-    def cost(p, b, c):
-        steps.append((p, b, c))
-        return 1.0
-
-    run = simulate(reqs, manager, TimeModel(cost, name="recorder"), check_invariants=True, **kw)
-    return run, steps
+from _recorded_steps import ids, steps_of
 
 
 def test_the_last_prompt_token_of_a_chunked_prefill_counts_as_prefill():
