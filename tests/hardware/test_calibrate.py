@@ -139,8 +139,9 @@ def test_llama_cpp_reference_from_a_profile(monkeypatch):
     """A profile of runs made by hand: two shapes x two types x 1 and 2 threads, a memory-bound
     stream toy and pp runs. 1 thread: 50 us/layer, Q4_0 25 GB/s, Q8_0 27 GB/s; 2 threads: 80
     us/layer, 40 and 45 GB/s (parallel efficiency 40 / (2 x 25) = 0.8, 45 / 54 = 0.833). Stream
-    toy (15 layers, 280 MB, 2 threads): 15 x 80e-6 + 280e6 / 30e9 s a token, so llama.cpp
-    reached 30 GB/s of the 42 GB/s read: eta 0.714. Prefill (2 threads, peak 0.4 TFLOP/s):
+    toy (F32, 15 layers, 280 MB, 2 threads): 15 x 80e-6 + 280e6 / 60e9 s a token, so llama.cpp
+    reached 60 GB/s against the 42 GB/s numpy read: eta 60 / 42 = 1.43 (not capped); no fit run
+    streams 0.9 x 60 = 54 GB/s, so none is left out as memory-bound. Prefill (2 threads, peak 0.4 TFLOP/s):
     1 / pp = F / (share x 0.4e12) + n_layer x 20 us; Q4_0 share 0.9, Q8_0 0.6."""
     from inferlab.hardware import validate as v
 
@@ -159,14 +160,15 @@ def test_llama_cpp_reference_from_a_profile(monkeypatch):
                 "1": {"tg": m(1 / (nl * 50e-6 + b * scale / r1), n_layer=nl, bytes_by_type=bytes_)},
                 "2": {"tg": m(1 / (nl * 80e-6 + b * scale / r2), n_layer=nl, bytes_by_type=bytes_),
                       "pp": m(1 / (flops / (share * 0.4e12) + nl * 20e-6), n_layer=nl, prefill_flops_per_token=flops)}}
-    runs["toy-stream"] = {"Q8_0": {"2": {"tg": m(1 / (15 * 80e-6 + 280e6 / 30e9), n_layer=15, bytes_by_type={"Q8_0": 280e6})}}}
+    runs["toy-stream"] = {"F32": {"2": {"tg": m(1 / (15 * 80e-6 + 280e6 / 60e9), n_layer=15, bytes_by_type={"F32": 280e6})}}}
     profile = {"date": "2026-12-01T14:00:00+00:00", "host": {"cpu": "test CPU", "features": ["avx2"], "name": "box"},
                "cpu": {"read_bandwidth_gbs": {"2": {"best": 42.0, "median": 40.0}}}, "llama_cpp": {"runs": runs}}
     ref = cal.llama_cpp_reference(profile)
     assert ref["overhead_s_per_layer_by_threads"] == pytest.approx({"1": 50e-6, "2": 80e-6})
     assert ref["per_core_bytes_per_s"] == pytest.approx({"Q4_0": 25e9, "Q8_0": 27e9})
     assert ref["parallel_efficiency"] == pytest.approx({"Q4_0": 0.8, "Q8_0": 45 / 54})
-    assert ref["decode_bw_eff"] == pytest.approx(30 / 42) and ref["decode_bw_achieved_gbs"] == pytest.approx(30.0)
+    assert ref["decode_bw_eff"] == pytest.approx(60 / 42) and ref["decode_bw_achieved_gbs"] == pytest.approx(60.0)
+    assert ref["left_out_memory_bound_by_threads"] == {}
     assert ref["prefill_eff_vs_fp32_peak_by_type"] == pytest.approx({"Q4_0": 0.9, "Q8_0": 0.6}, abs=1e-3)
     assert ref["prefill_overhead_s_per_layer_token"] == pytest.approx(20e-6)
     assert ref["id"] == "box@20261201T1400Z" and "box@20261201T1400Z" in ref["provenance"] and ref["date"] in ref["provenance"]

@@ -26,12 +26,13 @@ class CalibrationReport(Report):
 
 def calibrate(*, threads: tuple[int, ...] | None = None, repeats: int = 5, size_mib: int | None = None, engine: str = "none",
               types: tuple[str, ...] | None = None, n_gen: int = 64, n_prompt: int = 128, realtime: bool = False,
-              accept_noisy: bool = False, save: bool = True,
+              accept_noisy: bool = False, save: bool = True, rounds: int = 1, probe: bool = True,
               on_step: Callable[[Any, Any, str], None] | None = None) -> CalibrationReport:
     """Measure memory bandwidth and matmul throughput here (and llama.cpp's kernels per ggml type
     with ``engine="llama.cpp"``); save the profile `--on local` uses. A profile whose figures are
     unstable, or were measured on a busy machine, raises UnstableMeasurementError unless
-    ``accept_noisy`` (then it is saved flagged)."""
+    ``accept_noisy`` (then it is saved flagged). ``rounds``: passes over the llama.cpp figures;
+    ``probe``: time each llama.cpp repetition between two runs of the level probe (llama_cpp_plan)."""
     from ..hardware import calibrate as cal
 
     if engine not in ("none", "llama.cpp"):
@@ -40,7 +41,8 @@ def calibrate(*, threads: tuple[int, ...] | None = None, repeats: int = 5, size_
         raise InvalidValueError("types need engine='llama.cpp'")
     steps = cal.plan(threads, size_mib * 2**20 if size_mib else None, repeats)
     if engine == "llama.cpp":
-        steps += cal.llama_cpp_plan(types or tuple(cal.LLAMA_CPP_TYPES), n_gen=n_gen, n_prompt=n_prompt, repeats=3, rt=realtime)
+        steps += cal.llama_cpp_plan(types or tuple(cal.LLAMA_CPP_TYPES), n_gen=n_gen, n_prompt=n_prompt, repeats=3, rt=realtime,
+                                    rounds=rounds, probe=probe)
     with cal.realtime(realtime):
         profile = cal.run_calibration(steps, on_step)
     if profile["problems"] and not accept_noisy and save:
@@ -79,6 +81,16 @@ class ValidationRow:
     perf_model_tg: float | None
     perf_model_tg_error: float | None
     perf_model_note: str
+    # with the level probe (validate's default): its speeds around each repetition, the machine's
+    # speed level against the rates (measured / predicted probe), and the errors at that level
+    pp_probe_samples: tuple[float, ...] = ()
+    tg_probe_samples: tuple[float, ...] = ()
+    pp_level: float | None = None
+    tg_level: float | None = None
+    pp_matched_error: float | None = None
+    tg_matched_error: float | None = None
+    pp_scored_error: float | None = None  # the matched error where a probe ran, else pp_error
+    tg_scored_error: float | None = None
 
 
 @dataclass(frozen=True)
@@ -101,14 +113,21 @@ def validation_row(r) -> ValidationRow:
         tg_error=r.tg_error if r.measured.tg_tok_s else None, flags=tuple(r.flags), rates=r.rates,
         dominant_limit=r.limits.dominant, memory_s=r.limits.memory_s, compute_s=r.limits.compute_s, overhead_s=r.limits.overhead_s,
         eta=r.limits.eta, bandwidth_gbs=r.limits.bandwidth_gbs, perf_model_pp=r.perf_model_pp, perf_model_tg=r.perf_model_tg,
-        perf_model_tg_error=r.perf_model_tg_error, perf_model_note=r.perf_model_note)
+        perf_model_tg_error=r.perf_model_tg_error, perf_model_note=r.perf_model_note,
+        pp_probe_samples=tuple(r.measured.pp_probe_tok_s), tg_probe_samples=tuple(r.measured.tg_probe_tok_s),
+        pp_level=r.level("pp"), tg_level=r.level("tg"), pp_matched_error=r.matched_error("pp"), tg_matched_error=r.matched_error("tg"),
+        pp_scored_error=r.scored_error("pp") if r.measured.pp_tok_s else None,
+        tg_scored_error=r.scored_error("tg") if r.measured.tg_tok_s else None)
 
 
 def validate(*, models: tuple[str, ...] | None = None, presets: tuple[str, ...] = ("Q4_K_M", "Q8_0"), gguf_paths: tuple[str, ...] = (),
              threads: int | None = None, repetitions: int = 3, n_prompt: int = 512, n_gen: int = 128, realtime: bool = False,
-             profile: bool = True, on_row: Callable[[Any], None] | None = None) -> ValidationReport:
+             profile: bool = True, on_row: Callable[[Any], None] | None = None, rounds: int = 1,
+             probe: bool = True) -> ValidationReport:
     """Toy models (random weights, each preset) and any GGUF given, through real llama.cpp here and
-    through the speed model: measured vs predicted prefill and decode tokens/s, llama-bench style."""
+    through the speed model: measured vs predicted prefill and decode tokens/s, llama-bench style.
+    ``probe``: time the level probe around every repetition and score each row at the machine's
+    speed level of that moment (hardware.validate.ValidationRow.matched_error); ``rounds``: passes."""
     from ..hardware import validate as v
 
     models = tuple(models) if models is not None else tuple(v.TOY_MODELS)
@@ -119,5 +138,5 @@ def validate(*, models: tuple[str, ...] | None = None, presets: tuple[str, ...] 
         if p not in v.FTYPES:
             raise UnknownNameError("quantization preset", p, v.FTYPES)
     rows = v.validate_llama_cpp(models, tuple(presets), threads, repetitions, n_prompt, n_gen, tuple(gguf_paths), on_row=on_row,
-                                rt=realtime, profile=profile)
+                                rt=realtime, profile=profile, rounds=rounds, probe=probe)
     return ValidationReport(n_prompt, n_gen, repetitions, tuple(validation_row(r) for r in rows), tuple(rows))

@@ -61,10 +61,13 @@ def machine(gpu: str | None, cpu: str | None, no_profile: bool, as_json: bool) -
 @click.option("--n-prompt", default=128, show_default=True, type=click.IntRange(0, 2048), help="With --engine: prompt tokens (pp; 0: none).")
 @click.option("--realtime", is_flag=True, help="Time at real-time priority (root): other processes stay off the cores meanwhile.")
 @click.option("--accept-noisy", is_flag=True, help="Save even when figures are unstable or the machine was busy (flagged in the profile).")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 10),
+              help="With --engine: passes over the llama.cpp figures (each keeps the repetitions of every pass).")
+@click.option("--no-probe", is_flag=True, help="With --engine: do not time the level probe (toy-wide Q4_K) around each repetition.")
 @click.option("--no-save", is_flag=True, help="Measure and print, do not write the profile.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: str, types: str | None, n_gen: int, n_prompt: int,
-              realtime: bool, accept_noisy: bool, no_save: bool, as_json: bool) -> None:
+              realtime: bool, accept_noisy: bool, rounds: int, no_probe: bool, no_save: bool, as_json: bool) -> None:
     """Measure memory bandwidth and matmul throughput here (and llama.cpp's kernels with --engine);
     save the machine profile `--on local` uses. Figures are the best sustained repetition; a
     profile whose figures disagree across repetitions or were measured on a busy machine is not saved."""
@@ -88,7 +91,8 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
         type_list = cal.QUICK_TYPES if types == "quick" else tuple(t.strip().upper() for t in types.split(",") if t.strip())
     n_steps = len(cal.plan(counts, size_mib * 2**20 if size_mib else None, repeats))
     if engine == "llama.cpp":
-        n_steps += len(cal.llama_cpp_plan(type_list or tuple(cal.LLAMA_CPP_TYPES), n_gen=n_gen, n_prompt=n_prompt, repeats=3, rt=realtime))
+        n_steps += len(cal.llama_cpp_plan(type_list or tuple(cal.LLAMA_CPP_TYPES), n_gen=n_gen, n_prompt=n_prompt, repeats=3, rt=realtime,
+                                          rounds=rounds))
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -106,7 +110,8 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
             progress.update(task, advance=1, description=step.label)
 
         report = calibrate_api(threads=counts, repeats=repeats, size_mib=size_mib, engine=engine, types=type_list, n_gen=n_gen,
-                               n_prompt=n_prompt, realtime=realtime, accept_noisy=accept_noisy, save=not no_save, on_step=on_step)
+                               n_prompt=n_prompt, realtime=realtime, accept_noisy=accept_noisy, save=not no_save, on_step=on_step,
+                               rounds=rounds, probe=not no_probe)
     profile, where = report.profile, report.saved_to
     if as_json:
         click.echo(json.dumps(profile, indent=1))
@@ -118,6 +123,11 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
             con.print(f"llama.cpp on this CPU: overhead {ref['overhead_s_per_layer'] * 1e6:.0f} us/layer; per core " + ", ".join(
                 f"{ty} {r / 1e9:.1f}" for ty, r in sorted(ref["per_core_bytes_per_s"].items())) + " GB/s; fit residual "
                 + ", ".join(f"{t} thread(s) {v:.0%}" for t, v in ref["max_rel_residual_by_threads"].items()))
+            stall = {t: v for t, v in (ref.get("dram_stall_s_per_byte_by_threads") or {}).items() if v}
+            if stall:
+                con.print("DRAM stall past the L3: " + ", ".join(f"{t} thread(s) {v * 1e12:.1f} ps/byte" for t, v in stall.items()))
+            for t, names in (ref.get("left_out_memory_bound_by_threads") or {}).items():
+                con.print(f"[dim]left out of the {t}-thread kernel fit as memory-bound: {', '.join(names)}[/]")
         for why in profile["problems"]:
             con.print(f"[yellow]flagged: {why}[/]")
         for key, why in profile["skipped"].items():
@@ -137,11 +147,15 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
 @click.option("--n-gen", default=128, show_default=True, type=click.IntRange(0, 4096))
 @click.option("--realtime", is_flag=True, help="Time at real-time priority (root): other processes stay off the cores meanwhile.")
 @click.option("--no-profile", is_flag=True, help="Ignore the machine profile: predict with the stored reference of this ISA class.")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 10), help="Passes over the models (repetitions of every pass kept).")
+@click.option("--no-probe", is_flag=True, help="Do not time the level probe (toy-wide Q4_K) around each repetition; score against the fastest one.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...], threads: int | None, repetitions: int,
-             n_prompt: int, n_gen: int, realtime: bool, no_profile: bool, as_json: bool) -> None:
-    """Measured vs predicted prefill and decode tokens/s on this machine, llama-bench style. The
-    measured figure is the fastest repetition; rows whose repetitions disagree are flagged."""
+             n_prompt: int, n_gen: int, realtime: bool, no_profile: bool, rounds: int, no_probe: bool, as_json: bool) -> None:
+    """Measured vs predicted prefill and decode tokens/s on this machine, llama-bench style. Each
+    repetition runs between two runs of a level probe (a model the rates were fitted on), and a row
+    is scored at the speed the machine had then ("at level"); the fastest repetition is shown and
+    scored against too ("vs best"). Rows whose repetitions disagree are flagged."""
     from ..api import validate as validate_api
 
     model_list = tuple(m for m in models.split(",") if m)
@@ -155,7 +169,8 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
 
     with err.status("writing models and running llama.cpp (pp%d, tg%d, %d repetitions)..." % (n_prompt, n_gen, repetitions)):
         report = validate_api(models=model_list, presets=preset_list, gguf_paths=gguf_paths, threads=threads, repetitions=repetitions,
-                              n_prompt=n_prompt, n_gen=n_gen, realtime=realtime, profile=not no_profile, on_row=on_row)
+                              n_prompt=n_prompt, n_gen=n_gen, realtime=realtime, profile=not no_profile, on_row=on_row,
+                              rounds=rounds, probe=not no_probe)
     if as_json:
         click.echo(json.dumps(report.to_dict()["rows"], indent=1, allow_nan=False))
         return
@@ -166,7 +181,10 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
     con = Console(width=200) if not con.is_terminal else con  # piped: whole ids and columns, no wrapping at 80
     t = Table(title=f"llama.cpp on this machine vs inferlab ({rows[0].n_threads if rows else '?'} threads, best of {repetitions})",
               title_justify="left")
-    for col in ("model", "preset", "MB/tok", f"pp{n_prompt}", "pred.", "err", f"tg{n_gen}", "pred.", "err", "perf_model", "limit", "flag"):
+    probed = any(r.matched_error("tg") is not None or r.matched_error("pp") is not None for r in rows)
+    cols = ["model", "preset", "MB/tok", f"pp{n_prompt}", "pred.", "vs best"] + (["at level"] if probed else []) \
+        + [f"tg{n_gen}", "pred.", "vs best"] + (["at level", "level"] if probed else []) + ["perf_model", "limit", "flag"]
+    for col in cols:
         t.add_column(col, justify="left" if col in ("model", "preset", "limit", "flag") else "right", no_wrap=col == "model")
 
     def pct(e, shaky=False):
@@ -175,10 +193,14 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
     for r in rows:
         pm = "—" if r.perf_model_tg is None else f"{r.perf_model_tg:.1f} ({pct(r.perf_model_tg_error)})"
         has_pp, has_tg = bool(r.measured.pp_tok_s), bool(r.measured.tg_tok_s)
-        t.add_row(r.model, r.preset, f"{r.decode_bytes / 1e6:.0f}", f"{r.measured.best('pp'):.1f}" if has_pp else "—",
-                  "—" if r.predicted_pp is None else f"{r.predicted_pp:.1f}", pct(r.pp_error, r.unstable("pp")),
-                  f"{r.measured.best('tg'):.1f}" if has_tg else "—", f"{r.predicted_tg:.1f}", pct(r.tg_error if has_tg else None, r.unstable("tg")),
-                  pm, "bandwidth" if r.limits.dominant == "bandwidth" else "per-core", "; ".join(r.flags) or "")
+        cells = [r.model, r.preset, f"{r.decode_bytes / 1e6:.0f}", f"{r.measured.best('pp'):.1f}" if has_pp else "—",
+                 "—" if r.predicted_pp is None else f"{r.predicted_pp:.1f}", pct(r.pp_error, r.unstable("pp"))]
+        cells += [pct(r.matched_error("pp") if has_pp else None)] if probed else []
+        cells += [f"{r.measured.best('tg'):.1f}" if has_tg else "—", f"{r.predicted_tg:.1f}", pct(r.tg_error if has_tg else None, r.unstable("tg"))]
+        lv = r.level("tg")
+        cells += [pct(r.matched_error("tg") if has_tg else None), "—" if lv is None else f"{lv:.2f}"] if probed else []
+        cells += [pm, "bandwidth" if r.limits.dominant == "bandwidth" else "per-core", "; ".join(r.flags) or ""]
+        t.add_row(*cells)
     con.print(t)
     if rows:
         r = rows[0]
@@ -188,12 +210,17 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
         con.print("prefill: 2 FLOP per block weight per token at each type's share of the fp32 peak (cpu_model)")
         if r.perf_model_note:
             con.print(f"[dim]perf_model: {r.perf_model_note}[/]")
-        scored = [abs(e) for x in rows for e, m in ((x.tg_error if x.measured.tg_tok_s else None, "tg"), (x.pp_error, "pp"))
-                  if e is not None and not x.unstable(m)]
-        flagged = sum(len(x.flags) for x in rows)
+        if probed:
+            con.print("at level: predicted / (the probe's prediction x the measured speed relative to the probe) - 1, the machine's "
+                      "speed changes cancelled (level = the probe's measured / predicted decode speed)")
+        scored = [abs(e) for x in rows for e, m in ((x.scored_error("tg") if x.measured.tg_tok_s else None, "tg"),
+                                                     (x.scored_error("pp") if x.measured.pp_tok_s else None, "pp"))
+                  if e is not None and (probed or not x.unstable(m))]
+        flagged = 0 if probed else sum(len(x.flags) for x in rows)
         if scored:
             worst = max(scored)
-            con.print(f"worst error over {len(scored)} steady figures: {worst:.0%} ({'within' if worst <= 0.15 else 'outside'} 15 %)"
+            con.print(f"worst error {'at level' if probed else 'vs best'} over {len(scored)} figures: {worst:.0%} "
+                      f"({'within' if worst <= 0.15 else 'outside'} 15 %); {sum(e <= 0.15 for e in scored)} of {len(scored)} within 15 %"
                       + (f"; {flagged} figure(s) flagged: their repetitions disagree, so they are not scored" if flagged else ""))
         elif flagged:
             con.print(f"[yellow]every figure is flagged ({flagged}): the repetitions disagree; run again on a quiet machine or with --realtime[/]")

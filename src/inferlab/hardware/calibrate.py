@@ -191,37 +191,50 @@ QUICK_TYPES = ("F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # the types of th
 
 
 def _bench_measurement(path: str, threads: int, what: str, n_prompt: int, n_gen: int, repeats: int, rt: bool,
-                       extra: dict | None = None) -> Measurement:
+                       extra: dict | None = None, probe: str | None = None) -> Measurement:
     """tg (tokens/s; 1 thread: per CPU-second of the computing thread) or pp of one model, the
-    llama-bench method, repeated until the two fastest repetitions agree."""
+    llama-bench method, repeated until the two fastest repetitions agree. ``probe``: the level
+    probe (validate.level_probe) timed around every repetition, its speeds kept in extra["probe"],
+    and the repetitions run until their speeds relative to it agree."""
     from .validate import llama_bench
 
     samples: list[float] = []
+    around: list[float] = []
     with watch(threads) as w:
         while len(samples) < max(3 * repeats, 6):
             with realtime(rt):
-                r = llama_bench(path, threads, n_prompt if what == "pp" else 0, n_gen if what == "tg" else 0, repeats)
-            samples += list(r.pp_tok_s if what == "pp" else (r.tg_cpu_tok_s or r.tg_tok_s))
-            if Measurement("", "", tuple(samples)).stable():
+                r = llama_bench(path, threads, n_prompt if what == "pp" else 0, n_gen if what == "tg" else 0, repeats, probe=probe)
+            samples += list(r.samples(what))
+            around += list(r.probe_samples(what))
+            judged = [a / b for a, b in zip(samples, around)] if probe else samples
+            if Measurement("", "", tuple(judged)).stable():
                 break
             repeats = 2
     clock = "the computing thread's CPU time" if what == "tg" and threads == 1 else "wall clock"
+    extra = dict(extra or {})
+    if probe:
+        extra["probe"] = around
+        extra["probe_model"] = os.path.basename(probe)
     return Measurement(f"llama.cpp {what}", "tok/s", tuple(samples), interference=w.result, extra=extra,
-                       detail=f"{os.path.basename(path)}, {threads} thread(s), {what}{n_prompt if what == 'pp' else n_gen}, {clock}")
+                       detail=f"{os.path.basename(path)}, {threads} thread(s), {what}{n_prompt if what == 'pp' else n_gen}, {clock}"
+                              + (", each repetition between two runs of the level probe" if probe else ""))
 
 
 def llama_cpp_plan(types: tuple[str, ...] = tuple(LLAMA_CPP_TYPES), shapes: tuple[str, ...] | None = None,
                    threads: tuple[int, ...] | None = None, n_gen: int = 64, n_prompt: int = 128, repeats: int = 3,
-                   rt: bool = False, directory: str | None = None, rounds: int = 2) -> list[Step]:
-    """Steps that time llama.cpp on pure-type toy models (validate.FIT_MODELS: two shapes, so
-    the per-layer cost is not confounded with the bytes): tg at 1 thread and at every core, pp at
-    every core. The toys are written and quantized on first use (validate.toy_model's cache).
+                   rt: bool = False, directory: str | None = None, rounds: int = 1, probe: bool = True) -> list[Step]:
+    """Steps that time llama.cpp on pure-type toy models: tg at 1 thread and at every core, pp at
+    every core, on validate.FIT_MODELS (two shapes, so the per-layer cost is not confounded with
+    the bytes), and tg of the common types (QUICK_TYPES) on toy-stream too (a third size, ~5x the
+    L3 cache at 4.5 bits a weight: the DRAM stall is told apart from the kernels' rates). The toys
+    are written and quantized on first use (validate.toy_model's cache).
 
+    ``probe``: every repetition is timed between two runs of the level probe (validate.level_probe,
+    toy-wide Q4_K), and the fit uses each figure's speed relative to it: a shared VM's speed moves
+    by a fifth within seconds (toy-thin Q4_K decode 296-441 tok/s in one minute, 2026-12-01), and
+    figures taken at different levels do not fit one model of the machine.
     ``rounds``: every figure is timed that many times, one pass over all the steps after another
-    (same keys: run_calibration keeps the repetitions of every round). A shared VM's speed changes
-    for minutes at a time: toy-thin Q4_0 ran tg 425 tok/s (2 threads) in one calibrate run and 330
-    ten minutes later, each steady within its repetitions; rounds minutes apart see the fast spells
-    of the whole run, as validate's rounds do (the later rounds with 2 repetitions a run)."""
+    (same keys: run_calibration keeps the repetitions of every round)."""
     from ..errors import UnknownNameError
     from .validate import FIT_MODELS, _llama_cpp, physical_cores
 
@@ -237,30 +250,45 @@ def llama_cpp_plan(types: tuple[str, ...] = tuple(LLAMA_CPP_TYPES), shapes: tupl
     steps = []
     for rnd in range(1, rounds + 1):
         steps += _llama_cpp_round(types, shapes, threads, n_gen, n_prompt, repeats if rnd == 1 else 2, rt, directory,
-                                  f" (round {rnd}/{rounds})" if rounds > 1 else "")
+                                  f" (round {rnd}/{rounds})" if rounds > 1 else "", probe)
     return steps
 
 
-def _llama_cpp_round(types, shapes, threads, n_gen, n_prompt, repeats, rt, directory, said) -> list[Step]:
+def _matrices_extra(path: str) -> list[list]:
+    """[type, bytes, rows] of the matrices a decode step of the GGUF multiplies, summed by (type, rows)."""
+    from ..models.gguf_reader import model_from_gguf
+    from ..perf.cpu_model import decode_matrices
+
+    agg: dict[tuple[str, int], int] = {}
+    for ty, b, rows in decode_matrices(model_from_gguf(path).tensors):
+        agg[(ty, rows)] = agg.get((ty, rows), 0) + b
+    return [[ty, b, rows] for (ty, rows), b in sorted(agg.items())]
+
+
+def _llama_cpp_round(types, shapes, threads, n_gen, n_prompt, repeats, rt, directory, said, probe=True) -> list[Step]:
     from ..quant.types import ggml_type
-    from .validate import STREAM_MODEL, STREAM_TYPES, TOY_MODELS, decode_bytes_by_type, toy_model
+    from .validate import STREAM_MODEL, STREAM_TYPES, TOY_MODELS, decode_bytes_by_type, level_probe, toy_model
 
     steps = []
+    quick = tuple(t for t in types if t in QUICK_TYPES)
     for model in (*shapes, STREAM_MODEL):
         cfg = TOY_MODELS[model]
-        for ty in (types if model != STREAM_MODEL else STREAM_TYPES):
+        for ty in (types if model != STREAM_MODEL else STREAM_TYPES + quick):
             block = ggml_type(ty).block_size
             if cfg.n_embd % block or cfg.n_ff % block or (cfg.n_head_kv * cfg.head_dim) % block:
                 continue  # llama.cpp would fall back to another type for some rows
-            for t in (threads if model != STREAM_MODEL else (max(threads),)):
+            bandwidth_run = model == STREAM_MODEL and ty in STREAM_TYPES
+            for t in (threads if not bandwidth_run else (max(threads),)):
                 for what in (("tg", "pp") if t == max(threads) and n_prompt and model != STREAM_MODEL else ("tg",)):
                     def run(model=model, ty=ty, t=t, what=what, cfg=cfg) -> Measurement:
                         path = toy_model(model, LLAMA_CPP_TYPES[ty], pure=True, directory=directory)
                         # 2 FLOP per block weight per prompt token; the output head for the last token only
                         block = cfg.n_layer * cfg.n_embd * (2 * cfg.n_embd + 2 * cfg.n_head_kv * cfg.head_dim + 3 * cfg.n_ff)
                         extra = {"n_layer": cfg.n_layer, "bytes_by_type": decode_bytes_by_type(path), "n_prompt": n_prompt,
+                                 "matrices": _matrices_extra(path),
                                  "prefill_flops_per_token": 2.0 * (block + cfg.n_vocab * cfg.n_embd / max(n_prompt, 1))}
-                        return _bench_measurement(path, t, what, n_prompt, n_gen, repeats, rt, extra)
+                        return _bench_measurement(path, t, what, n_prompt, n_gen, repeats, rt, extra,
+                                                  probe=level_probe(directory) if probe else None)
                     steps.append(Step(f"llama_cpp.runs.{model}.{ty}.{t}.{what}", f"llama.cpp {model} {ty} {what} {t} thread(s){said}", run))
     return steps
 
@@ -281,29 +309,70 @@ def least_squares(rows: list[tuple[list[float], float]]) -> list[float]:
     return [m[i][n] / m[i][i] if m[i][i] else 0.0 for i in range(n)]
 
 
-def fit_decode(runs: list[dict]) -> dict:
-    """Per thread count: one overhead per layer for every type and a rate per type, least squares
-    on relative error (each row divided by its seconds, so fast and slow runs weigh alike):
+MEMORY_BOUND_SHARE = 0.9  # a run streaming this share of the bandwidth decode reached is held by memory, not its kernels
 
-        seconds per token = n_layer x overhead + bytes_t / rate_t
 
-    ``runs``: dicts with threads, n_layer, bytes_by_type, s_per_token. Returns
-    {threads: {"overhead_s_per_layer", "rate_bytes_per_s": {type: rate}, "max_rel_residual"}}."""
-    def weights(by_type: dict) -> dict:  # F32 is a quantized toy's norms (a few KB), but an F32 toy's weights
+def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> dict:
+    """Per thread count: one overhead per layer for every type, a rate per type and, where the runs
+    say how many of their bytes the L3 cannot hold ("dram_bytes") and span three sizes or more,
+    a DRAM stall per byte; least squares on relative error (each row divided by its seconds, so
+    fast and slow runs weigh alike):
+
+        seconds per token = n_layer x overhead + split_bytes_t / rate_t + dram_bytes x stall
+
+    split_bytes_t: the type's bytes weighted by how unevenly their rows split over the threads
+    ("split_bytes_by_type", cpu_model.split_bytes; the plain bytes when a run lacks them).
+    ``bandwidth_bytes_per_s``: runs that streamed MEMORY_BOUND_SHARE of it or more from DRAM
+    (dram_bytes, else all their bytes, over the step less its per-layer cost) are left out (memory
+    held them: they say nothing of the kernels); a type left with no run then takes that
+    bandwidth as its rate (it was seen to run at least that fast).
+
+    ``runs``: dicts with threads, n_layer, bytes_by_type, s_per_token (and optionally
+    split_bytes_by_type, dram_bytes). Returns {threads: {"overhead_s_per_layer", "rate_bytes_per_s":
+    {type: rate}, "dram_stall_s_per_byte", "max_rel_residual", "left_out"}}."""
+    def weights(r: dict) -> dict:  # F32 is a quantized toy's norms (a few KB), but an F32 toy's weights
+        by_type = r.get("split_bytes_by_type") or r["bytes_by_type"]
         return {k: b for k, b in by_type.items() if k != "F32" or set(by_type) <= {"F32"}}
+
+    def total(r: dict) -> float:
+        return sum(b for k, b in r["bytes_by_type"].items() if k != "F32" or set(r["bytes_by_type"]) <= {"F32"})
 
     out = {}
     for t in sorted({r["threads"] for r in runs}):
-        sel = [r for r in runs if r["threads"] == t]
-        types = sorted({k for r in sel for k in weights(r["bytes_by_type"])})
-        rows = [([r["n_layer"] / r["s_per_token"]] + [weights(r["bytes_by_type"]).get(k, 0) / r["s_per_token"] for k in types], 1.0)
-                for r in sel]
-        x = least_squares(rows)
-        if x[0] < 0:  # no per-layer cost can be told apart: fit the rates alone
-            x = [0.0] + least_squares([(row[1:], b) for row, b in rows])
+        every = [r for r in runs if r["threads"] == t]
+        all_types = sorted({k for r in every for k in weights(r)})
+        sel, left_out = every, []
+        for _ in range(3):  # fit, leave out the runs memory held, fit again
+            types = sorted({k for r in sel for k in weights(r)})
+            dram = len({round(total(r), -6) for r in sel if "dram_bytes" in r}) >= 3 and any(r.get("dram_bytes", 0) > 0 for r in sel)
+
+            def feats(r: dict) -> list[float]:
+                return [r["n_layer"]] + [weights(r).get(k, 0) for k in types] + ([r.get("dram_bytes", 0.0)] if dram else [])
+
+            rows = [([f / r["s_per_token"] for f in feats(r)], 1.0) for r in sel]
+            x = least_squares(rows)
+            if dram and x[-1] < 0:  # no stall to be told apart: fit without it
+                dram = False
+                rows = [([f / r["s_per_token"] for f in feats(r)], 1.0) for r in sel]
+                x = least_squares(rows)
+            if x[0] < 0:  # no per-layer cost can be told apart: fit the rates alone
+                x = [0.0] + least_squares([(row[1:], b) for row, b in rows])
+            if not bandwidth_bytes_per_s:
+                break
+            # the bytes that come from DRAM (past the L3, where the run says) over the step less its per-layer cost
+            held = [r for r in every if r.get("dram_bytes", total(r)) / max(r["s_per_token"] - r["n_layer"] * x[0], 1e-12)
+                    >= MEMORY_BOUND_SHARE * bandwidth_bytes_per_s]
+            if [r for r in every if r not in held] == sel or len(held) == len(every):
+                break
+            sel, left_out = [r for r in every if r not in held], held
         resid = [abs(sum(a * b for a, b in zip(row, x)) - 1) for row, _ in rows]
-        out[t] = {"overhead_s_per_layer": x[0], "rate_bytes_per_s": {k: 1 / v for k, v in zip(types, x[1:]) if v > 0},
-                  "max_rel_residual": max(resid)}
+        rates = {k: 1 / v for k, v in zip(types, x[1:1 + len(types)]) if v > 0}
+        for k in all_types:
+            if k not in rates and bandwidth_bytes_per_s:
+                rates[k] = bandwidth_bytes_per_s  # every run of it was memory-bound
+        out[t] = {"overhead_s_per_layer": x[0], "rate_bytes_per_s": rates, "dram_stall_s_per_byte": x[-1] if dram else 0.0,
+                  "max_rel_residual": max(resid),
+                  "left_out": [f"{r.get('model', '?')} {r.get('type', '?')}" for r in left_out]}
     return out
 
 
@@ -324,28 +393,65 @@ def llama_cpp_reference(profile: dict) -> dict:
     entry): per-core rates, parallel efficiency, overhead per layer, prefill shares of the fp32
     peak; with the runs, the fit's residuals and the profile's id and date."""
     from ..errors import InvalidValueError
-    from .validate import STREAM_MODEL, physical_cores
+    from ..perf.cpu_model import split_bytes
+    from .validate import PROBE_MODEL, PROBE_TYPE, STREAM_MODEL, physical_cores
 
     runs = []
     n = physical_cores()
     peak = nominal_fp32_peak_tflops() or profile.get("cpu", {}).get("matmul_tflops", {}).get("fp32", {}).get("best") or 1.0
+    simd = _simd(profile)
+    l3 = profile.get("host", {}).get("l3_bytes")
     stream = []
     pp_runs = []
-    for model, by_type in profile.get("llama_cpp", {}).get("runs", {}).items():
+    measured = profile.get("llama_cpp", {}).get("runs", {})
+    # the level probe's fastest run at each thread count and test over the whole calibration: every
+    # figure timed beside the probe is taken at that level (its speed relative to the probe x it)
+    probe_best: dict[tuple[str, str], float] = {}
+    for by_type in measured.values():
+        for by_threads in by_type.values():
+            for t, m in by_threads.items():
+                for what, fig in m.items():
+                    for v in (fig.get("extra") or {}).get("probe") or ():
+                        probe_best[(t, what)] = max(probe_best.get((t, what), 0.0), v)
+
+    def tok_s(fig: dict, t: str, what: str) -> float:
+        probe = (fig.get("extra") or {}).get("probe")
+        if probe and len(probe) == len(fig["samples"]) and (t, what) in probe_best:
+            return statistics.median(a / b for a, b in zip(fig["samples"], probe)) * probe_best[(t, what)]
+        return fig["best"]
+
+    for model, by_type in measured.items():
         for ty, by_threads in by_type.items():
             for t, m in by_threads.items():
                 if "tg" in m:
                     x = m["tg"]["extra"]
+                    rate = tok_s(m["tg"], t, "tg")
                     run = {"model": model, "type": ty, "threads": int(t), "n_layer": x["n_layer"], "bytes_by_type": x["bytes_by_type"],
-                           "s_per_token": 1 / m["tg"]["best"], "tg_tok_s": m["tg"]["best"]}
-                    (stream if model == STREAM_MODEL else runs).append(run)
+                           "s_per_token": 1 / rate, "tg_tok_s": rate}
+                    if x.get("matrices"):
+                        run["split_bytes_by_type"] = split_bytes([tuple(mx) for mx in x["matrices"]], int(t), simd)
+                    if l3:
+                        run["dram_bytes"] = max(0.0, sum(b for k, b in x["bytes_by_type"].items() if k != "F32") - l3)
+                    (stream if model == STREAM_MODEL and ty == "F32" else runs).append(run)
                 if "pp" in m:
                     x = m["pp"]["extra"]
                     pp_runs.append({"type": ty, "threads": int(t), "n_layer": x["n_layer"], "flops_per_token": x["prefill_flops_per_token"],
-                                    "s_per_token": 1 / m["pp"]["best"]})
+                                    "s_per_token": 1 / tok_s(m["pp"], t, "pp")})
     if not runs:
         raise InvalidValueError("the profile holds no llama.cpp runs to fit; run `inferlab calibrate --engine llama.cpp`")
-    fits = fit_decode(runs)
+    # the bandwidth llama.cpp's decode reaches, from the memory-bound toy (F32): its bytes over
+    # (seconds per token less the per-layer cost); eta is that over the best read bandwidth this
+    # profile measured. Not capped at 1: calibrate's numpy read (a max reduction, one slice per
+    # thread) can stream slower than llama.cpp's own kernels (Zen 5 VM, 2 threads: 38 GB/s read,
+    # 59-62 GB/s F32 decode), and the bandwidth limit must not be below what decode was seen to do
+    bw = max((m.get("best", m.get("median", 0)) for m in profile.get("cpu", {}).get("read_bandwidth_gbs", {}).values()), default=None)
+    eta, achieved = 0.7, None
+    if stream and bw:
+        o = fit_decode(runs)[max(r["threads"] for r in runs)]["overhead_s_per_layer"]
+        achieved = max(sum(r["bytes_by_type"].values()) / (r["s_per_token"] - r["n_layer"] * o) for r in stream
+                       if r["s_per_token"] > r["n_layer"] * o) / 1e9
+        eta = achieved / bw
+    fits = fit_decode(runs, achieved * 1e9 if achieved else None)
     one, alln = fits.get(1), fits[max(fits)]
     per_core = (one or alln)["rate_bytes_per_s"]
     eff = {ty: min(1.0, alln["rate_bytes_per_s"][ty] / (max(fits) * per_core[ty]))
@@ -366,18 +472,6 @@ def llama_cpp_reference(profile: dict) -> dict:
             x = [0.0] + least_squares([(row[1:], b) for row, b in rows])
         pp_overhead = x[0]
         shares = {ty: round(1 / v, 3) for ty, v in zip(ptypes, x[1:]) if v > 0}
-    # the bandwidth llama.cpp's decode reaches, from the memory-bound toy (F32): its bytes over
-    # (seconds per token less the per-layer cost); eta is that over the best read bandwidth this
-    # profile measured. Not capped at 1: calibrate's numpy read (a max reduction, one slice per
-    # thread) can stream slower than llama.cpp's own kernels (Zen 5 VM, 2 threads: 38 GB/s read,
-    # 59-62 GB/s F32 decode), and the bandwidth limit must not be below what decode was seen to do
-    bw = max((m.get("best", m.get("median", 0)) for m in profile.get("cpu", {}).get("read_bandwidth_gbs", {}).values()), default=None)
-    eta, achieved = 0.7, None
-    if stream and bw:
-        o = fits[max(fits)]["overhead_s_per_layer"]
-        achieved = max(sum(r["bytes_by_type"].values()) / (r["s_per_token"] - r["n_layer"] * o) for r in stream
-                       if r["s_per_token"] > r["n_layer"] * o) / 1e9
-        eta = achieved / bw
     rid = profile_id(profile)
     return {"id": rid, "date": profile["date"], "simd": _simd(profile), "cpu": profile["host"]["cpu"], "n_cores": n,
             "per_core_bytes_per_s": per_core, "parallel_efficiency": eff,
@@ -385,6 +479,10 @@ def llama_cpp_reference(profile: dict) -> dict:
             "overhead_s_per_layer": alln["overhead_s_per_layer"],
             "overhead_s_per_layer_by_threads": {str(t): f["overhead_s_per_layer"] for t, f in fits.items()},
             "max_rel_residual_by_threads": {str(t): f["max_rel_residual"] for t, f in fits.items()},
+            "dram_stall_s_per_byte_by_threads": {str(t): f["dram_stall_s_per_byte"] for t, f in fits.items()}, "l3_bytes": l3,
+            "left_out_memory_bound_by_threads": {str(t): f["left_out"] for t, f in fits.items() if f["left_out"]},
+            "level_probe": {"model": PROBE_MODEL, "type": PROBE_TYPE, "best_tok_s": {f"{t}.{w}": v for (t, w), v in sorted(probe_best.items())}}
+            if probe_best else None,
             "decode_bw_eff": eta, "decode_bw_achieved_gbs": achieved, "read_bandwidth_gbs_best": bw,
             "prefill_eff_vs_fp32_peak_by_type": shares, "prefill_overhead_s_per_layer_token": pp_overhead,
             "prefill_eff_vs_fp32_matmul": statistics.median(shares.values()) if shares else 0.5, "fp32_peak_tflops": peak,
@@ -434,7 +532,8 @@ def run_calibration(steps: list[Step], on_step: Callable[[Step, Measurement | No
     profile: dict = {"version": PROFILE_VERSION, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      "host": {"cpu": cpu.model if cpu else "unknown", "logical_cores": cpu.logical_cores if cpu else None,
                               "physical_cores": cpu.physical_cores if cpu else None,
-                              "features": list(cpu.features) if cpu else [], "name": platform.node() or "local"},
+                              "features": list(cpu.features) if cpu else [], "name": platform.node() or "local",
+                              "l3_bytes": cpu.l3_bytes if cpu else None},
                      "cpu": {}, "gpu": {}, "skipped": {}}
     t_start = time.perf_counter()
     for step in steps:

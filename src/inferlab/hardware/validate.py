@@ -264,6 +264,11 @@ class BenchResult:
     # tokens per CPU-second of the calling thread: with n_threads = 1 llama.cpp computes on
     # that thread, so this is the rate a core reaches undisturbed by other processes
     tg_cpu_tok_s: tuple[float, ...] = ()
+    # the level probe (a model the rates were fitted on) timed around each repetition, the mean of
+    # its run before and its run after, on the same clock as the repetition (llama_bench's probe)
+    pp_probe_tok_s: tuple[float, ...] = ()
+    tg_probe_tok_s: tuple[float, ...] = ()
+    probe_path: str = ""
 
     @property
     def pp(self) -> float:
@@ -289,6 +294,17 @@ class BenchResult:
             return self.pp_tok_s
         return self.tg_cpu_tok_s or self.tg_tok_s
 
+    def probe_samples(self, metric: str) -> tuple[float, ...]:
+        return self.pp_probe_tok_s if metric == "pp" else self.tg_probe_tok_s
+
+    def relative(self, metric: str) -> float | None:
+        """Median over the repetitions of this model's speed / the probe's around it (None without a
+        probe): the machine's speed level cancels, as both ran within the same second or two."""
+        s, p = self.samples(metric), self.probe_samples(metric)
+        if not p or len(p) != len(s):
+            return None
+        return statistics.median(a / b for a, b in zip(s, p))
+
     def disagreement(self, metric: str) -> float:
         """(fastest - second fastest) / fastest repetition: how far apart the repetitions are."""
         top = sorted(self.samples(metric), reverse=True)
@@ -296,10 +312,12 @@ class BenchResult:
 
     def merged(self, other: "BenchResult") -> "BenchResult":
         """The repetitions of both runs of the same test (another round, minutes later) as one."""
-        if (self.model_path, self.n_threads, self.n_prompt, self.n_gen) != (other.model_path, other.n_threads, other.n_prompt, other.n_gen):
+        if (self.model_path, self.n_threads, self.n_prompt, self.n_gen, self.probe_path) != \
+                (other.model_path, other.n_threads, other.n_prompt, other.n_gen, other.probe_path):
             raise InvalidValueError(f"cannot merge runs of different tests: {self.model_path} and {other.model_path}")
         return BenchResult(self.model_path, self.n_threads, self.n_prompt, self.n_gen, self.pp_tok_s + other.pp_tok_s,
-                           self.tg_tok_s + other.tg_tok_s, self.tg_cpu_tok_s + other.tg_cpu_tok_s)
+                           self.tg_tok_s + other.tg_tok_s, self.tg_cpu_tok_s + other.tg_cpu_tok_s,
+                           self.pp_probe_tok_s + other.pp_probe_tok_s, self.tg_probe_tok_s + other.tg_probe_tok_s, self.probe_path)
 
 
 def _clear_memory(llama_cpp, ctx) -> None:
@@ -313,12 +331,18 @@ def _clear_memory(llama_cpp, ctx) -> None:
 
 
 def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int = 128, repetitions: int = 5,
-                seed: int = 0) -> BenchResult:
+                seed: int = 0, probe: str | None = None) -> BenchResult:
     """pp``n_prompt`` and tg``n_gen`` as llama-bench measures them, through llama-cpp-python.
 
     pp: one batch of n_prompt random tokens into an empty cache; tg: n_gen decode steps of one
     token each, from an empty cache; each in its own context of n_prompt (n_gen) cells, as
     llama-bench makes them. One warm-up of each first.
+
+    ``probe``: a second GGUF (level_probe(): a model the rates were fitted on), loaded beside and
+    run once before the first repetition and after every one, the same test on the same clock;
+    each repetition keeps the mean of the probe's runs around it. A shared VM changes speed by a
+    fifth within seconds (toy-wide Q4_K decode 469-596 tok/s in one minute, 2026-12-01), and a
+    model and its probe timed a second apart see the same level: their ratio held within 3-5 %.
     """
     for name, v in (("n_threads", n_threads), ("repetitions", repetitions)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -329,67 +353,83 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
     import random
 
     rnd = random.Random(seed)
+    use_cpu_clock = n_threads == 1  # then llama.cpp computes on this thread: its CPU time is the step's
 
-    def context(n_ctx: int):
+    def context(path: str, n_ctx: int):
         # llama-bench makes one context per test, n_ctx = n_prompt + n_gen of that test, and a
         # 512-token micro-batch: a decode step then attends over a cache of n_gen cells, as here
-        return llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_batch=min(n_ctx, 512), n_ubatch=min(n_ctx, 512),
+        return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=min(n_ctx, 512), n_ubatch=min(n_ctx, 512),
                                n_threads=n_threads, n_threads_batch=n_threads, n_gpu_layers=0, verbose=False, use_mmap=True)
 
-    def decoder(llm):
+    def runner(llm, path: str, what: str):
         ctx = llm._ctx.ctx
+        n_vocab = llm.n_vocab()
 
         def decode(tokens: list[int]) -> None:
             arr = (llama_cpp.llama_token * len(tokens))(*tokens)
             rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens)))
             if rc != 0:
-                raise NotSupportedError(f"llama_decode returned {rc} on {model_path}")
+                raise NotSupportedError(f"llama_decode returned {rc} on {path}")
 
-        return ctx, decode
+        def pp_run() -> tuple[float, float]:  # the whole prompt as one batch into an empty cache
+            _clear_memory(llama_cpp, ctx)
+            toks = [rnd.randrange(n_vocab) for _ in range(n_prompt)]
+            t0 = time.perf_counter()
+            decode(toks)
+            llama_cpp.llama_synchronize(ctx)
+            rate = n_prompt / (time.perf_counter() - t0)
+            return rate, rate
 
-    pp: list[float] = []
-    tg: list[tuple[float, float]] = []
-    if n_prompt:  # pp: the whole prompt as one batch into an empty cache
-        llm = context(n_prompt)
-        try:
-            ctx, decode = decoder(llm)
-            n_vocab = llm.n_vocab()
-
-            def pp_run() -> float:
-                _clear_memory(llama_cpp, ctx)
-                toks = [rnd.randrange(n_vocab) for _ in range(n_prompt)]
-                t0 = time.perf_counter()
-                decode(toks)
-                llama_cpp.llama_synchronize(ctx)
-                return n_prompt / (time.perf_counter() - t0)
-
-            pp_run()  # warm-up
-            pp = [pp_run() for _ in range(repetitions)]
-        finally:
-            llm.close() if hasattr(llm, "close") else None
-    if n_gen:  # tg: n_gen single-token steps from an empty cache
-        llm = context(n_gen)
-        try:
-            ctx, decode = decoder(llm)
-            n_vocab = llm.n_vocab()
-
-            def tg_run(n: int) -> tuple[float, float]:
-                _clear_memory(llama_cpp, ctx)
+        def tg_run(n: int = n_gen) -> tuple[float, float]:  # n single-token steps from an empty cache
+            _clear_memory(llama_cpp, ctx)
+            tok = rnd.randrange(n_vocab)
+            c0, t0 = time.thread_time(), time.perf_counter()
+            for _ in range(n):
+                decode([tok])
                 tok = rnd.randrange(n_vocab)
-                c0, t0 = time.thread_time(), time.perf_counter()
-                for _ in range(n):
-                    decode([tok])
-                    tok = rnd.randrange(n_vocab)
-                llama_cpp.llama_synchronize(ctx)
-                t1, c1 = time.perf_counter(), time.thread_time()
-                return n / (t1 - t0), n / max(c1 - c0, 1e-9)
+            llama_cpp.llama_synchronize(ctx)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            return n / (t1 - t0), n / max(c1 - c0, 1e-9)
 
-            tg_run(min(n_gen, 16))  # warm-up
-            tg = [tg_run(n_gen) for _ in range(repetitions)]
+        return pp_run if what == "pp" else tg_run
+
+    def measure(what: str, n_ctx: int) -> tuple[list[tuple[float, float]], list[float]]:
+        llms = []
+        try:
+            llms.append(context(model_path, n_ctx))
+            run = runner(llms[0], model_path, what)
+            p_run = None
+            if probe:
+                llms.append(context(probe, n_ctx))
+                p_run = runner(llms[1], probe, what)
+            warm = (lambda f: f(min(n_gen, 16))) if what == "tg" else (lambda f: f())
+            warm(run)  # warm-up
+            if p_run:
+                warm(p_run)
+            clock = 1 if (what == "tg" and use_cpu_clock) else 0
+            got, around = [], []
+            before = p_run()[clock] if p_run else None
+            for _ in range(repetitions):
+                got.append(run())
+                if p_run:
+                    after = p_run()[clock]
+                    around.append((before + after) / 2)  # the probe's level around this repetition
+                    before = after
+            return got, around
         finally:
-            llm.close() if hasattr(llm, "close") else None
-    return BenchResult(model_path, n_threads, n_prompt, n_gen, tuple(pp), tuple(w for w, _ in tg),
-                       tuple(c for _, c in tg) if n_threads == 1 else ())
+            for llm in llms:
+                llm.close() if hasattr(llm, "close") else None
+
+    pp: list[tuple[float, float]] = []
+    tg: list[tuple[float, float]] = []
+    pp_probe: list[float] = []
+    tg_probe: list[float] = []
+    if n_prompt:
+        pp, pp_probe = measure("pp", n_prompt)
+    if n_gen:
+        tg, tg_probe = measure("tg", n_gen)
+    return BenchResult(model_path, n_threads, n_prompt, n_gen, tuple(w for w, _ in pp), tuple(w for w, _ in tg),
+                       tuple(c for _, c in tg) if use_cpu_clock else (), tuple(pp_probe), tuple(tg_probe), probe or "")
 
 
 def physical_cores() -> int:
@@ -460,10 +500,43 @@ class ValidationRow:
     perf_model_note: str = ""  # why perf_model gave no figures
     rates: str = ""  # which CPU rates the prediction used (the machine profile's id and date, or a reference)
     disagree_tol: float = DISAGREE_TOL
+    # the same prediction for the level probe (measured.probe_path) at the same lengths and threads
+    probe_predicted_pp: float | None = None
+    probe_predicted_tg: float | None = None
 
     @property
     def predicted_tg(self) -> float:
         return self.limits.tok_s
+
+    def predicted(self, metric: str) -> float | None:
+        return self.predicted_tg if metric == "tg" else self.predicted_pp
+
+    def level(self, metric: str) -> float | None:
+        """How fast the machine ran this row against the rates: the probe's measured speed around the
+        repetitions (median) over its predicted speed; None without a probe."""
+        probe = self.measured.probe_samples(metric)
+        pred = self.probe_predicted_tg if metric == "tg" else self.probe_predicted_pp
+        return statistics.median(probe) / pred if probe and pred else None
+
+    def matched_error(self, metric: str) -> float | None:
+        """The prediction against the measurement at the same speed level: predicted / (the probe's
+        prediction x the measured speed relative to the probe, median over the repetitions) - 1.
+        Both models ran within seconds of each other, so the machine's speed changes cancel; what is
+        left is the model's error on this file against a file it was fitted on."""
+        rel = self.measured.relative(metric)
+        pred = self.predicted(metric)
+        probe_pred = self.probe_predicted_tg if metric == "tg" else self.probe_predicted_pp
+        if rel is None or pred is None or not probe_pred:
+            return None
+        return pred / (probe_pred * rel) - 1.0
+
+    def scored_error(self, metric: str) -> float | None:
+        """The error this row is scored on: matched_error when a probe ran beside it, else against
+        the fastest repetition (tg_error / pp_error)."""
+        m = self.matched_error(metric)
+        if m is not None:
+            return m
+        return self.tg_error if metric == "tg" else self.pp_error
 
     @property
     def tg_error(self) -> float:
@@ -495,17 +568,25 @@ def _n_elements(t) -> int:
     return n
 
 
-def decode_limits(bytes_by_type: dict[str, int], n_layer: int, ram, n_threads: int, eta: float | None = None) -> DecodeLimits:
-    """Memory and compute time of one CPU decode step (see cpu_model for the rates)."""
-    from ..perf.cpu_model import cpu_decode_rate_bytes_per_s, decode_overhead_s_per_layer, reference_for
+def decode_limits(bytes_by_type: dict[str, int], n_layer: int, ram, n_threads: int, eta: float | None = None,
+                  matrices: list[tuple[str, int, int]] | None = None) -> DecodeLimits:
+    """Memory and compute time of one CPU decode step (see cpu_model for the rates). ``matrices``
+    ((type, bytes, rows) of each matrix, cpu_model.decode_matrices of the file's tensors) let the
+    compute time weigh each matrix by how its rows split over the threads and add the DRAM stall
+    of the bytes past the L3; without them every type's bytes split evenly."""
+    from ..perf.cpu_model import cpu_decode_compute_s, cpu_decode_rate_bytes_per_s, decode_overhead_s_per_layer, dram_stall_s, reference_for
 
     ref = reference_for(ram)
     eta = ref["decode_bw_eff"] if eta is None else eta
     total = sum(bytes_by_type.values())
     memory_s = total / (eta * ram.bandwidth_bytes_per_s)  # bytes over the bandwidth decode kernels reach
     only_f32 = set(bytes_by_type) <= {"F32"}  # an F32 file: its matrices are F32 (else F32 is norms, a few KB)
-    compute_s = sum(b / cpu_decode_rate_bytes_per_s(ram, ty, n_threads)  # each type at its kernel's rate
-                    for ty, b in bytes_by_type.items() if (ty != "F32" or only_f32) and b)
+    if matrices is not None:
+        compute_s = cpu_decode_compute_s(ram, matrices, n_threads)  # each matrix at its kernel's rate, split as llama.cpp splits it
+    else:
+        compute_s = sum(b / cpu_decode_rate_bytes_per_s(ram, ty, n_threads)  # each type at its kernel's rate
+                        for ty, b in bytes_by_type.items() if (ty != "F32" or only_f32) and b)
+        compute_s += dram_stall_s(ram, total, n_threads)
     if not only_f32:
         compute_s += bytes_by_type.get("F32", 0) / ram.bandwidth_bytes_per_s  # norms: a few KB, streamed
     by_threads = ref.get("overhead_s_per_layer_by_threads") or {}
@@ -544,51 +625,73 @@ def _predict_with_perf_model(model_path: str, preset: str, machine, n_prompt: in
         return None, None, f"perf_model.llama_bench failed here ({type(exc).__name__}: {exc})"
 
 
+# The level probe: toy-wide as pure Q4_K, a model `calibrate --engine llama.cpp` fits on (every
+# machine's profile has its figures), timed around every repetition of calibrate's and validate's
+# runs (llama_bench's probe): wide and shallow, so one run is short
+PROBE_MODEL, PROBE_TYPE = "toy-wide", "Q4_K"
+
+
+def level_probe(directory: str | None = None) -> str:
+    """Path of the level probe's GGUF (written and quantized on first use)."""
+    return toy_model(PROBE_MODEL, "Q4_K_S", pure=True, directory=directory)  # --pure Q4_K_S: every matrix Q4_K
+
+
+def _predict(path: str, machine, n_threads: int, n_prompt: int):
+    """(the file's spec, bytes by type, decode limits, predicted pp tok/s or None) with ``machine``'s rates."""
+    from ..models.gguf_reader import model_from_gguf
+    from ..perf.cpu_model import cpu_prefill_s, decode_matrices
+
+    spec = model_from_gguf(path)
+    by_type = decode_bytes_by_type(path)
+    limits = decode_limits(by_type, spec.n_layers, machine.ram, n_threads, matrices=decode_matrices(_tensors(spec)))
+    pp = None
+    if n_prompt:
+        pp = n_prompt / cpu_prefill_s(machine.ram, prefill_flops_by_type(spec, n_prompt), n_threads,
+                                      layer_tokens=spec.n_layers * n_prompt)
+    return spec, by_type, limits, pp
+
+
 def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tuple[str, ...] = ("Q4_K_M", "Q8_0"),
                        n_threads: int | None = None, repetitions: int = 3, n_prompt: int = 512, n_gen: int = 128,
                        gguf_paths: tuple[str, ...] = (), machine=None, on_row=None, rt: bool = False,
-                       profile: bool | dict = True, rounds: int = 2) -> list[ValidationRow]:
+                       profile: bool | dict = True, rounds: int = 1, probe: bool = True) -> list[ValidationRow]:
     """Run each toy model (and any given GGUF) through llama.cpp and the speed model; one row each.
     ``rt``: time at real-time priority (measure.realtime); ``profile``: as detect_machine's.
+    ``probe``: time the level probe (level_probe()) around every repetition; each row is then scored
+    on its speed relative to the probe (ValidationRow.matched_error), so the machine's changes of
+    speed within the run cancel, and also reported against its fastest repetition.
     ``rounds``: the whole list is run that many times, one model after the other each round, and
-    each row keeps the repetitions of every round (the fastest is scored). A shared VM's speed
-    changes by a fifth for minutes at a time (its vCPUs move on the host): the same toy ran tg
-    425 tok/s in one calibrate run and 330 in the next, ten minutes later, both steady within
-    their repetitions; repetitions spread over the run see its fast spells, as calibrate's do."""
-    from ..models.gguf_reader import model_from_gguf
+    each row keeps the repetitions of every round."""
     from ..perf.cpu_model import rates_label
-    from .measure import realtime
     from .detect import detect_machine
+    from .measure import realtime
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise InvalidValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     machine = machine or detect_machine(profile=profile)
     n_threads = n_threads or physical_cores()
     jobs = [(m, p, toy_model(m, p)) for m in models for p in presets] + [(os.path.basename(g), None, g) for g in gguf_paths]
-    from ..perf.cpu_model import cpu_prefill_s
+    probe_path = level_probe() if probe else None
+    probe_pred = _predict(probe_path, machine, n_threads, n_prompt) if probe_path else None
 
     runs: dict[int, BenchResult] = {}
     for _ in range(rounds - 1):  # the earlier rounds; the last one below, row by row
         for i, (_, _, path) in enumerate(jobs):
             with realtime(rt):
-                got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions)
+                got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path)
             runs[i] = runs[i].merged(got) if i in runs else got
     rows = []
     for i, (name, preset, path) in enumerate(jobs):
-        spec = model_from_gguf(path)
+        spec, by_type, limits, pp = _predict(path, machine, n_threads, n_prompt)
         preset = preset or spec.file_type or "?"
-        by_type = decode_bytes_by_type(path)
         with realtime(rt):
-            got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions)
+            got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path)
         measured = runs[i].merged(got) if i in runs else got
-        limits = decode_limits(by_type, spec.n_layers, machine.ram, n_threads)
         pm_pp, pm_tg, why = _predict_with_perf_model(path, preset, machine, n_prompt, n_gen)
-        pp = None
-        if n_prompt:
-            pp = n_prompt / cpu_prefill_s(machine.ram, prefill_flops_by_type(spec, n_prompt), n_threads,
-                                          layer_tokens=spec.n_layers * n_prompt)
         row = ValidationRow(name, preset, sum(_n_elements(t) for t in _tensors(spec)), sum(by_type.values()), n_threads,
-                            measured, limits, pp, pm_pp, pm_tg, why, rates_label(machine.ram))
+                            measured, limits, pp, pm_pp, pm_tg, why, rates_label(machine.ram),
+                            probe_predicted_pp=probe_pred[3] if probe_pred else None,
+                            probe_predicted_tg=probe_pred[2].tok_s if probe_pred else None)
         rows.append(row)
         if on_row:
             on_row(row)

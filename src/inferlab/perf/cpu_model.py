@@ -242,6 +242,68 @@ def cpu_decode_rate_for_mix(device: Device, bytes_by_type: Mapping[str, float], 
     return total / t
 
 
+def busiest_thread_rows(n_rows: int, n_threads: int, repacked: bool) -> int:
+    """Rows of one decode matmul (one token) that the busiest of ``n_threads`` threads computes,
+    the way llama.cpp's CPU backend splits them (data/cpu_limits.json "matmul_split"): the plain
+    path hands out chunks of 64 rows, or one chunk per thread when there would be fewer than 4 a
+    thread; the repacked path (CPU_REPACK buffers) 4 chunks a thread, at least 8 rows each. Every
+    thread computes as fast as the others, so the busiest gets ceil(chunks / threads) chunks."""
+    s = limits()["matmul_split"]
+    nth, nr0 = n_threads, n_rows
+    if nth <= 1 or nr0 <= 0:
+        return nr0
+    if repacked:
+        min_rows = s["repack_rows_multiple"]
+        dr0 = -(-nr0 // (nth * s["chunks_per_thread_min"]))  # chunk_size0 = ceil(nr0 / (4 nth))
+        nchunk = -(-nr0 // dr0)
+        if nr0 // nchunk < min_rows <= nr0:
+            nchunk = -(-nr0 // min_rows)
+        dr0 = -(-nr0 // nchunk)
+        if nchunk < nth and -(-nr0 // nth) >= min_rows:
+            nchunk, dr0 = nth, -(-nr0 // nth)
+        nchunk = min(nchunk, -(-nr0 // min_rows))
+    else:
+        nchunk = -(-nr0 // s["chunk_rows"])
+        if nchunk < nth * s["chunks_per_thread_min"]:
+            nchunk = nth  # re-chunked by thread
+        dr0 = -(-nr0 // nchunk)
+    per_thread = -(-nchunk // nth)  # chunks of the busiest thread
+    return min(nr0, per_thread * dr0)
+
+
+def is_repacked(simd: str, ggml_type: str, n_rows: int) -> bool:
+    """Whether llama.cpp's CPU backend repacks a weight of this type and row count on this ISA class."""
+    s = limits()["matmul_split"]
+    return str(ggml_type).upper() in s["repacked_types_by_simd"].get(simd, ()) and n_rows % s["repack_rows_multiple"] == 0
+
+
+def split_bytes(matrices: Iterable[tuple[str, float, int]], n_threads: int, simd: str) -> dict[str, float]:
+    """Bytes by type of the matrices one decode step multiplies, each weighted by how unevenly its
+    rows split over the threads (busiest thread's rows x threads / rows: 1 when they split evenly).
+    ``matrices``: (ggml type, bytes, rows; rows 0 when unknown: even). The step waits for the
+    busiest thread at every matmul, so a 576-row projection that is not repacked takes, on 2
+    threads, 9 chunks of 64 rows: 5 and 4, 320 / 288 = 1.11x its even share."""
+    out: dict[str, float] = {}
+    for ty, n_bytes, rows in matrices:
+        f = busiest_thread_rows(rows, n_threads, is_repacked(simd, ty, rows)) * n_threads / rows if rows > 0 else 1.0
+        out[ty] = out.get(ty, 0.0) + n_bytes * f
+    return out
+
+
+def split_bytes_by_type(device: Device, matrices: Iterable[tuple[str, float, int]], n_threads: int | None = None) -> dict[str, float]:
+    """split_bytes for ``device``'s ISA class and thread count."""
+    return split_bytes(matrices, _threads_used(device, n_threads), _simd_of(device))
+
+
+def dram_stall_s(device: Device, total_bytes: float, n_threads: int | None = None) -> float:
+    """Seconds a decode step waits on DRAM beyond its kernels' time, where the rates measured it
+    (this machine's calibrated profile): the bytes the last-level cache cannot hold between steps
+    (total - L3) x a per-byte stall fitted on toys of three sizes. 0 for a stored reference."""
+    ref = reference_for(device)
+    per_byte = (ref.get("dram_stall_s_per_byte_by_threads") or {}).get(str(_threads_used(device, n_threads)), 0.0)
+    return max(0.0, total_bytes - (ref.get("l3_bytes") or 0)) * per_byte  # bytes past the L3 x stall per byte
+
+
 def decode_overhead_s_per_layer(device: Device) -> float:
     """Fixed seconds per transformer block per decode step on the CPU backend: the block's ~20
     small graph nodes (norms, RoPE, attention, activations) and the threads' barrier after each,
@@ -318,14 +380,39 @@ def _weights_by_type(tensors, keep) -> dict[str, float]:
     return out
 
 
+def decode_matrices(tensors) -> list[tuple[str, int, int]]:
+    """(ggml type, bytes, rows) of every matrix one decode step multiplies, from a tensor table
+    (a GGUF's or a plan's): token_embd only when it is the output head too (else a row lookup);
+    F32 matrices only in a file whose weights are all F32 (as _weights_by_type); a stacked expert
+    tensor counts as one matrix of all its rows (its mul_mat_id splits per expert)."""
+    tensors = list(tensors)
+    tied = not any(t.name == "output.weight" for t in tensors)
+    mats = [(t.ggml_type, t.n_bytes, t.shape[1] if len(t.shape) == 2 else 0) for t in tensors
+            if len(t.shape) > 1 and (t.name != "token_embd.weight" or tied)]
+    if {ty for ty, _, _ in mats} - {"F32"}:
+        mats = [m for m in mats if m[0] != "F32"]
+    return mats
+
+
+def cpu_decode_compute_s(device: Device, matrices: list[tuple[str, int, int]], n_threads: int | None = None) -> float:
+    """Seconds the CPU's dequantize+dot kernels take for one decode step over ``matrices`` (see
+    decode_matrices), the memory limit aside: each type's bytes, weighted by how unevenly their rows
+    split over the threads, at its kernel's rate; plus the DRAM stall of the bytes past the L3
+    (where the rates measured one)."""
+    split = split_bytes_by_type(device, matrices, n_threads)  # bytes x busiest-thread share
+    kernels_s = sum(b / cpu_decode_rate_bytes_per_s(device, ty, n_threads) for ty, b in split.items() if b)
+    return kernels_s + dram_stall_s(device, sum(b for _, b, _ in matrices), n_threads)
+
+
 @lru_cache(maxsize=4096)
 def _rate_for_plan(device: Device, model, scheme, n_threads: int | None) -> float:
     from ..quant.plan import tensor_plan
 
-    plan = tensor_plan(model, scheme)
-    tied = not any(t.name == "output.weight" for t in plan)  # then token_embd is the output head too
-    mix = _weights_by_type(plan, lambda t: t.n_bytes if (t.name != "token_embd.weight" or tied) else 0)
-    return cpu_decode_rate_for_mix(device, mix, n_threads)
+    mats = decode_matrices(tensor_plan(model, scheme))
+    total = sum(b for _, b, _ in mats)
+    if total <= 0:
+        raise InvalidValueError(f"{model.name!r} has no weight matrices to time")
+    return total / cpu_decode_compute_s(device, mats, n_threads)  # bytes over the kernels' seconds
 
 
 def cpu_prefill_flops_per_s_for_placement(device: Device, placement, n_threads: int | None = None) -> float:
