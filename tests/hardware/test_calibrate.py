@@ -222,3 +222,83 @@ def test_a_corrupt_profile_is_a_clear_error(tmp_path, monkeypatch):
         cal.load_profile()
     res = CliRunner().invoke(cli, ["machine"])
     assert res.exit_code == 2 and "calibrate" in res.output
+
+
+def test_fit_decode_tells_the_dram_stall_from_the_kernels_on_three_sizes():
+    """A known machine: 60 us a layer, Q4_K 50 GB/s, Q8_0 40 GB/s (split bytes), and 10 ps of
+    stall per byte past a 32 MiB L3. Three sizes a type (24, 6 and 15 layers; 52, 72, 146 MB of
+    Q4_K and 98, 135, 276 MB of Q8_0), each a token of n_layer x 60e-6 + B / rate + (B - L3) x 1e-11 s,
+    e.g. 24 x 60e-6 + 52e6 / 50e9 + (52e6 - 33,554,432) x 1e-11 = 2.66445 ms. The fit gives them back."""
+    l3 = 32 * 2**20
+    runs = []
+    for ty, rate, sizes in (("Q4_K", 50e9, (52e6, 72e6, 146e6)), ("Q8_0", 40e9, (98e6, 135e6, 276e6))):
+        for nl, b in zip((24, 6, 15), sizes):
+            runs.append({"threads": 2, "n_layer": nl, "bytes_by_type": {ty: b}, "split_bytes_by_type": {ty: b},
+                         "dram_bytes": max(0.0, b - l3), "s_per_token": nl * 60e-6 + b / rate + max(0.0, b - l3) * 1e-11})
+    assert runs[0]["s_per_token"] == pytest.approx(2.66445e-3, rel=1e-5)
+    (fit,) = cal.fit_decode(runs).values()
+    assert fit["overhead_s_per_layer"] == pytest.approx(60e-6)
+    assert fit["rate_bytes_per_s"] == pytest.approx({"Q4_K": 50e9, "Q8_0": 40e9})
+    assert fit["dram_stall_s_per_byte"] == pytest.approx(1e-11)
+    # one type at two sizes: no stall is fitted (it cannot be told from the rate and the overhead)
+    (two,) = cal.fit_decode([r for r in runs if r["n_layer"] != 15 and "Q4_K" in r["bytes_by_type"]]).values()
+    assert two["dram_stall_s_per_byte"] == 0.0 and two["rate_bytes_per_s"]["Q4_K"] < 50e9  # the stall is in the rate
+
+
+def test_fit_decode_leaves_out_runs_that_memory_held_and_weighs_the_uneven_split():
+    """A machine whose Q4_0 kernels run 50 GB/s on 2 threads, 60 us a layer, 40 GB/s from DRAM, a
+    32 MiB L3. Two toys mostly in the L3 are held by their kernels: a (24 layers, 50 MB:
+    24 x 60e-6 + 50e6 / 50e9 = 2.44 ms) and b (6 layers, 70 MB, rows that split unevenly: split
+    bytes 70e6 x 320 / 288, 1.9156 ms). The big one (15 layers, 300 MB) waits on DRAM: its
+    300e6 - 33,554,432 bytes past the L3 / 40e9 = 6.661 ms is more than its kernels' 6 ms, so it
+    takes 15 x 60e-6 + 6.661 ms and streamed the full 40 GB/s from DRAM. Given that bandwidth the
+    fit leaves it out and gives the machine back; the uneven split does not show as a slower rate.
+    Without it the big run is fitted too and the rate comes out 15 % fast (a stall absorbs it)."""
+    l3 = 32 * 2**20
+
+    def run(name, nl, b, split=1.0, dram_bound=False):
+        dram = b - l3
+        s = nl * 60e-6 + (max(b * split / 50e9, dram / 40e9) if dram_bound else b * split / 50e9)
+        return {"model": name, "type": "Q4_0", "threads": 2, "n_layer": nl, "bytes_by_type": {"Q4_0": b},
+                "split_bytes_by_type": {"Q4_0": b * split}, "dram_bytes": dram, "s_per_token": s}
+
+    runs = [run("a", 24, 50e6), run("b", 6, 70e6, 320 / 288), run("stream", 15, 300e6, dram_bound=True)]
+    assert [r["s_per_token"] for r in runs] == pytest.approx([2.44e-3, 1.91556e-3, 15 * 60e-6 + (300e6 - l3) / 40e9], rel=1e-5)
+    (fit,) = cal.fit_decode(runs, bandwidth_bytes_per_s=40e9).values()
+    assert fit["left_out"] == ["stream Q4_0"]
+    assert fit["overhead_s_per_layer"] == pytest.approx(60e-6) and fit["rate_bytes_per_s"] == pytest.approx({"Q4_0": 50e9})
+    (kept,) = cal.fit_decode(runs).values()
+    assert kept["left_out"] == [] and kept["rate_bytes_per_s"]["Q4_0"] > 1.1 * 50e9
+
+
+def test_the_fit_takes_every_figure_at_the_level_probes_fastest_level(monkeypatch):
+    """The machine runs at two levels, 1.0 and 0.75, and the probe timed around each repetition saw
+    it: 600 tok/s (2 threads) at 1.0. A figure is the median of its repetitions whose probe ran
+    within 90 % of the probe's level (600): toy A caught level 1.0 twice. Toy B never did: its
+    speed relative to the probe (0.75 x / 0.75 x) x the probe's level stands in. Truth at 1.0:
+    60 us a layer, Q4_K 50 GB/s; A 24 layers 52 MB (1 / (24 x 60e-6 + 52e6 / 50e9) = 403.2
+    tok/s), B 6 layers 72 MB (553.1 tok/s): the fit gives the machine back. A fit on the fastest
+    repetitions alone takes A at 1.0 and B at 0.75 and does not."""
+    from inferlab.hardware import validate as v
+
+    monkeypatch.setattr(v, "physical_cores", lambda: 2)
+    monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
+    truth = {"A": (24, 52e6), "B": (6, 72e6)}
+    levels = {"A": (1.0, 0.75, 1.0, 0.75), "B": (0.75, 0.75, 0.75, 0.75)}  # B never ran at the fast level
+
+    def fig(name):
+        nl, b = truth[name]
+        tok = 1 / (nl * 60e-6 + b / 50e9)
+        return cal.Measurement("x", "tok/s", tuple(tok * lv for lv in levels[name]),
+                               extra={"n_layer": nl, "bytes_by_type": {"Q4_K": b}, "probe": [600 * lv for lv in levels[name]]}).to_json()
+
+    runs = {"toy-thin": {"Q4_K": {"2": {"tg": fig("A")}}}, "toy-wide": {"Q4_K": {"2": {"tg": fig("B")}}}}
+    profile = {"date": "2026-12-01T14:00:00+00:00", "host": {"cpu": "test CPU", "features": ["avx2"], "name": "box"},
+               "cpu": {}, "llama_cpp": {"runs": runs}}
+    ref = cal.llama_cpp_reference(profile)
+    assert ref["overhead_s_per_layer_by_threads"]["2"] == pytest.approx(60e-6)
+    assert ref["rates_bytes_per_s_by_threads"]["2"] == pytest.approx({"Q4_K": 50e9})
+    assert ref["level_probe"]["best_tok_s"] == {"2.tg": 600.0} and ref["level_probe"]["level_tok_s"] == {"2.tg": 600.0}
+    for f in runs.values():  # without the probe the fastest repetitions disagree with one machine
+        f["Q4_K"]["2"]["tg"]["extra"].pop("probe")
+    assert cal.llama_cpp_reference(profile)["overhead_s_per_layer_by_threads"]["2"] != pytest.approx(60e-6, rel=0.05)

@@ -301,3 +301,73 @@ def test_attached_rates_are_the_devices_own_and_scaling_follows_calibrates_figur
     assert cpu_decode_rate_bytes_per_s(dev, "Q4_K", 1) == pytest.approx(3 * before)
     assert "test-profile" in rate_provenance(dev, ["Q4_K"])[0]
     assert reference_for(HOST) is not scaled  # other devices are untouched
+
+
+# ------------------------------------------------------------------ how llama.cpp splits a decode matmul over threads
+
+@pytest.mark.parametrize("rows, threads, repacked, busiest", [
+    # plain path (ggml-cpu.c): chunks of 64 rows; fewer than 4 a thread -> one chunk per thread
+    (576, 2, False, 320),    # 9 chunks >= 8: 5 for one thread = 320 rows (288 is the even half)
+    (512, 2, False, 256),    # 8 chunks: 4 each, even
+    (192, 2, False, 96),     # 3 chunks < 8: re-chunked by thread, ceil(192 / 2) = 96
+    (500, 2, False, 256),    # ceil(500 / 64) = 8 chunks, not fewer than 8: 4 each, the busiest 256 rows (not 250)
+    (4096, 6, False, 704),   # 64 chunks, ceil(64 / 6) = 11 for the busiest: 704 (682.7 even)
+    (11008, 8, False, 1408), # 172 chunks, 22 for the busiest (Llama-2-7B's FFN on 8 threads)
+    (1000, 1, False, 1000),  # one thread does all
+    # repacked path (repack.cpp): 4 chunks a thread of ceil(rows / (4 nth)) rows
+    (576, 2, True, 288),     # chunks of 72 rows, 8 of them: 4 each, even
+    (1024, 12, True, 88),    # chunks of ceil(1024 / 48) = 22 rows, 47 chunks, 4 for the busiest: 88
+])
+def test_the_busiest_threads_rows_follow_llama_cpps_split(rows, threads, repacked, busiest):
+    from inferlab.perf.cpu_model import busiest_thread_rows
+
+    assert busiest_thread_rows(rows, threads, repacked) == busiest
+
+
+def test_which_types_llama_cpp_repacks_and_what_the_split_costs():
+    from inferlab.perf.cpu_model import is_repacked, split_bytes
+
+    # x86 repacks Q4_0, Q4_K, IQ4_NL (and MXFP4; Q2_K with AVX-512) when the rows are a multiple of 8;
+    # Q5_0, Q8_0, Q6_K and Q4_1 keep the plain path; ARM also repacks Q8_0 and Q6_K
+    assert is_repacked("avx2", "Q4_K", 576) and not is_repacked("avx2", "Q4_K", 580)
+    assert not is_repacked("avx2", "Q5_0", 576) and not is_repacked("avx2", "Q8_0", 576) and not is_repacked("avx2", "Q2_K", 512)
+    assert is_repacked("avx512", "Q2_K", 512) and is_repacked("neon", "Q8_0", 576)
+    # SmolLM2-like layer on 2 threads: a Q5_0 576-row projection of 1 MB weighs 320 / 288 = 1.111 MB, a
+    # Q4_K one of the same rows 1 MB (repacked: even), 192 rows of Q5_0 1 MB (re-chunked by thread: even)
+    got = split_bytes([("Q5_0", 1e6, 576), ("Q4_K", 1e6, 576), ("Q5_0", 1e6, 192)], 2, "avx512")
+    assert got == pytest.approx({"Q5_0": 1e6 * 320 / 288 + 1e6, "Q4_K": 1e6})
+    assert split_bytes([("Q5_0", 1e6, 576)], 1, "avx512") == {"Q5_0": 1e6}  # one thread: nothing uneven
+
+
+def test_dram_stall_counts_only_the_bytes_the_l3_cannot_hold_and_only_where_measured():
+    from inferlab.perf.cpu_model import dram_stall_s
+
+    dev = replace(HOST, source="test: stall rates")
+    ref = dict(limits()["references"][0], id="stall", date="2026-12-01", l3_bytes=32 * 2**20,
+               dram_stall_s_per_byte_by_threads={"1": 0.0, "2": 1e-11})
+    attach_rates(dev, ref)
+    # 100 MB a step on 2 threads: (100e6 - 33,554,432) x 1e-11 s = 0.66446 ms; 1 thread: no stall fitted
+    assert dram_stall_s(dev, 100e6, 2) == pytest.approx((100e6 - 33_554_432) * 1e-11)
+    assert dram_stall_s(dev, 100e6, 1) == 0.0 and dram_stall_s(dev, 20e6, 2) == 0.0  # inside the L3: none
+    assert dram_stall_s(HOST, 1e9, 2) == 0.0  # a stored reference measured none
+
+
+def test_the_calibrated_speed_model_takes_the_cpus_own_decode_eta():
+    """perf_model's CPU decode (fit --on local) uses the η its rates measured (calibrate's F32
+    stream toy), not the GPU-fitted or the lesson's 0.7: one bandwidth-bound step is then bytes /
+    (η x β). A 2-core host with a made-up reference of η 1.2 and kernels far faster than memory."""
+    from inferlab.hardware.catalog import MACHINES
+    from inferlab.models.catalog import MODELS
+    from inferlab.perf.calibration import CALIBRATED
+    from inferlab.perf.speed import decode_step_time
+    from inferlab.perf_model import place
+
+    base = MACHINES["cpu-ddr5"]
+    ram = replace(base.ram, source="test: eta rates")
+    ref = dict(limits()["references"][0], id="eta", date="2026-12-01", decode_bw_eff=1.2,
+               per_core_bytes_per_s={k: 1e15 for k in limits()["references"][0]["per_core_bytes_per_s"]})
+    attach_rates(ram, ref)
+    machine = replace(base, ram=ram)
+    p = place(MODELS["llama-2-7b"], machine, "Q4_K_M", n_ctx=640)
+    d = decode_step_time(p, machine, 0, 1, CALIBRATED())["per_device"][0]
+    assert d["memory_s"] == pytest.approx(d["bytes"] / (1.2 * ram.bandwidth_bytes_per_s))

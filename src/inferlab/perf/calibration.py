@@ -352,6 +352,14 @@ def _cpu_overhead():
     return decode_overhead_s_per_layer  # the graph/sync cost per block of the CPU's measured reference
 
 
+def _cpu_decode_bw_eff():
+    """η of a CPU's decode from its rates (this machine's profile: measured on the F32 stream toy;
+    a stored reference: the value it was measured or assumed with)."""
+    from .cpu_model import reference_for
+
+    return lambda dev: reference_for(dev)["decode_bw_eff"]
+
+
 def _cpu_prefill_rate():
     from .cpu_model import cpu_prefill_flops_per_s_for_placement
 
@@ -378,6 +386,7 @@ def CALIBRATED_NO_HOST_KV() -> SpeedModel:  # noqa: N802
         cpu_decode_rate=_cpu_rate(),
         cpu_layer_overhead=_cpu_overhead(),
         cpu_prefill_rate=_cpu_prefill_rate(),
+        cpu_decode_bw_eff=_cpu_decode_bw_eff(),
         gpu_decode_rate=_gpu_decode_rate(k),
         gpu_prefill_rate=_gpu_prefill_rate(k),
         device_class=device_class,

@@ -41,6 +41,7 @@ class SpeedModel:
     cpu_decode_rate: DeviceRate | None = None  # callable(device, placement) -> bytes/s limit of dequantize+dot on CPU cores, or None
     cpu_layer_overhead: Callable[[Device], float] | None = None  # callable(device) -> seconds per block per step on that CPU (else layer_overhead_s["cpu"])
     cpu_prefill_rate: DeviceRate | None = None  # callable(device, placement) -> FLOP/s of that CPU's prompt matmuls (else ε·P)
+    cpu_decode_bw_eff: Callable[[Device], float] | None = None  # callable(device) -> η of that CPU's decode, measured with its rates (else η)
     gpu_decode_rate: OptionalDeviceRate | None = None  # callable(device, placement) -> bytes/s a GPU's mat-vec kernels can issue (a roof below η·β), or None
     gpu_prefill_rate: OptionalDeviceRate | None = None  # callable(device, placement) -> FLOP/s of a GPU's prompt matmuls (else ε·P), or None
     device_class: Callable[[Device], "str | None"] | None = None  # callable(device) -> a finer key than the backend ("cuda/turing") for the dicts above, or None
@@ -61,6 +62,8 @@ class SpeedModel:
         return dev.backend
 
     def eta(self, dev: Device) -> float:
+        if dev.is_cpu and self.cpu_decode_bw_eff is not None:
+            return self.cpu_decode_bw_eff(dev)  # the share of bandwidth llama.cpp's decode reached on that CPU
         return self.decode_bw_eff_by_backend.get(self.key(dev, self.decode_bw_eff_by_backend), self.decode_bw_eff)
 
     def eps(self, dev: Device) -> float:
