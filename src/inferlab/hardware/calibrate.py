@@ -343,6 +343,9 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
         by_type = r.get("split_bytes_by_type") or r["bytes_by_type"]
         return {k: b for k, b in by_type.items() if k != "F32" or set(by_type) <= {"F32"}}
 
+    def feats(r: dict, types: list[str], dram: bool) -> list[float]:  # one row of the least squares, before / seconds
+        return [r["n_layer"]] + [weights(r).get(k, 0) for k in types] + ([r.get("dram_bytes", 0.0)] if dram else [])
+
     def total(r: dict) -> float:
         return sum(b for k, b in r["bytes_by_type"].items() if k != "F32" or set(r["bytes_by_type"]) <= {"F32"})
 
@@ -355,14 +358,11 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
             types = sorted({k for r in sel for k in weights(r)})
             dram = len({round(total(r), -6) for r in sel if "dram_bytes" in r}) >= 3 and any(r.get("dram_bytes", 0) > 0 for r in sel)
 
-            def feats(r: dict) -> list[float]:
-                return [r["n_layer"]] + [weights(r).get(k, 0) for k in types] + ([r.get("dram_bytes", 0.0)] if dram else [])
-
-            rows = [([f / r["s_per_token"] for f in feats(r)], 1.0) for r in sel]
+            rows = [([f / r["s_per_token"] for f in feats(r, types, dram)], 1.0) for r in sel]
             x = least_squares(rows)
             if dram and x[-1] < 0:  # no stall to be told apart: fit without it
                 dram = False
-                rows = [([f / r["s_per_token"] for f in feats(r)], 1.0) for r in sel]
+                rows = [([f / r["s_per_token"] for f in feats(r, types, dram)], 1.0) for r in sel]
                 x = least_squares(rows)
             if x[0] < 0:  # no per-layer cost can be told apart: fit the rates alone
                 x = [0.0] + least_squares([(row[1:], b) for row, b in rows])

@@ -426,7 +426,7 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
                 warm(p_run)
             clock = 1 if (what == "tg" and use_cpu_clock) else 0
             got, around = [], []
-            before = p_run()[clock] if p_run else None
+            before = p_run()[clock] if p_run else 0.0
             for _ in range(repetitions):
                 got.append(run())
                 if p_run:
@@ -561,7 +561,8 @@ class ValidationRow:
         fast = [a for a, b in self.measured._pairs(metric) if b >= floor]
         if fast:
             return pred / statistics.median(fast) - 1.0
-        return pred / (self.probe_predicted(metric) * self.measured.relative(metric)) - 1.0
+        rel, probe_pred = self.measured.relative(metric), self.probe_predicted(metric)
+        return None if rel is None or probe_pred is None else pred / (probe_pred * rel) - 1.0
 
     def scored_error(self, metric: str) -> float | None:
         """The error this row is scored on: matched_error when a probe ran beside it, else against
