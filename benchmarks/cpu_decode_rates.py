@@ -229,7 +229,8 @@ def main() -> None:
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu.model if cpu else "unknown",
            "features": list(cpu.features) if cpu else [], "physical_cores": cores, "host": platform.node(),
            "command": "python benchmarks/cpu_decode_rates.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-           "fp32_tflops": fp32_tflops, "runs": runs, "fits": fits, "prefill_eff_vs_fp32_peak": prefill}
+           "fp32_tflops": fp32_tflops, "runs": runs, "fits": fits, "prefill_eff_vs_fp32_peak": prefill,
+           "flash_attention": True}  # validate.llama_bench's default, as llama-bench's -fa auto on the CPU
     os.makedirs("benchmarks/results", exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)

@@ -310,7 +310,7 @@ def test_attached_rates_are_the_devices_own_and_scaling_follows_calibrates_figur
     (576, 2, False, 320),    # 9 chunks >= 8: 5 for one thread = 320 rows (288 is the even half)
     (512, 2, False, 256),    # 8 chunks: 4 each, even
     (192, 2, False, 96),     # 3 chunks < 8: re-chunked by thread, ceil(192 / 2) = 96
-    (500, 2, False, 256),    # ceil(500 / 64) = 8 chunks, not fewer than 8: 4 each, the busiest 256 rows (not 250)
+    (500, 2, False, 252),    # ceil(500 / 64) = 8 chunks, not fewer than 8, of ceil(500 / 8) = 63 rows (ggml's dr0): 4 each, 252 (not 250)
     (4096, 6, False, 704),   # 64 chunks, ceil(64 / 6) = 11 for the busiest: 704 (682.7 even)
     (11008, 8, False, 1408), # 172 chunks, 22 for the busiest (Llama-2-7B's FFN on 8 threads)
     (1000, 1, False, 1000),  # one thread does all

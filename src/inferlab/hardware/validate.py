@@ -345,7 +345,7 @@ def _clear_memory(llama_cpp, ctx) -> None:
 
 
 def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int = 128, repetitions: int = 5,
-                seed: int = 0, probe: str | None = None) -> BenchResult:
+                seed: int = 0, probe: str | None = None, flash_attn: bool = True) -> BenchResult:
     """pp``n_prompt`` and tg``n_gen`` as llama-bench measures them, through llama-cpp-python.
 
     pp: one batch of n_prompt random tokens into an empty cache; tg: n_gen decode steps of one
@@ -356,7 +356,9 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
     run once before the first repetition and after every one, the same test on the same clock;
     each repetition keeps the mean of the probe's runs around it. A shared VM changes speed by a
     fifth within seconds (toy-wide Q4_K decode 469-596 tok/s in one minute, 2026-12-01), and a
-    model and its probe timed a second apart see the same level: their ratio held within 3-5 %.
+    model and its probe timed a second apart usually see the same level.
+    ``flash_attn``: on, as llama-bench's default (-fa auto) runs the CPU; off, as the stored
+    reference CPUs of data/cpu_limits.json were measured ("flash_attention": false).
     """
     for name, v in (("n_threads", n_threads), ("repetitions", repetitions)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -377,7 +379,7 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
         # models decode 14-19 % slower here (toy-smol Q4_0 204 vs 232 tok/s, 1 thread, 2026-12-01)
         return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=min(n_ctx, 512), n_ubatch=min(n_ctx, 512),
                                n_threads=n_threads, n_threads_batch=n_threads, n_gpu_layers=0, verbose=False, use_mmap=True,
-                               flash_attn=True)
+                               flash_attn=flash_attn)
 
     def runner(llm, path: str, what: str):
         ctx = llm._ctx.ctx
@@ -694,14 +696,15 @@ def _predict(path: str, machine, n_threads: int, n_prompt: int):
 def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tuple[str, ...] = ("Q4_K_M", "Q8_0"),
                        n_threads: int | None = None, repetitions: int = 3, n_prompt: int = 512, n_gen: int = 128,
                        gguf_paths: tuple[str, ...] = (), machine=None, on_row=None, rt: bool = False,
-                       profile: bool | dict = True, rounds: int = 1, probe: bool = True) -> list[ValidationRow]:
+                       profile: bool | dict = True, rounds: int = 1, probe: bool = True,
+                       flash_attn: bool = True) -> list[ValidationRow]:
     """Run each toy model (and any given GGUF) through llama.cpp and the speed model; one row each.
     ``rt``: time at real-time priority (measure.realtime); ``profile``: as detect_machine's.
     ``probe``: time the level probe (level_probe()) around every repetition; each row is then scored
     on its speed relative to the probe (ValidationRow.matched_error), so the machine's changes of
     speed within the run cancel, and also reported against its fastest repetition.
     ``rounds``: the whole list is run that many times, one model after the other each round, and
-    each row keeps the repetitions of every round."""
+    each row keeps the repetitions of every round. ``flash_attn``: as llama_bench's."""
     from ..perf.cpu_model import rates_label
     from .detect import detect_machine
     from .measure import realtime
@@ -718,14 +721,14 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
     for _ in range(rounds - 1):  # the earlier rounds; the last one below, row by row
         for i, (_, _, path) in enumerate(jobs):
             with realtime(rt):
-                got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path)
+                got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path, flash_attn=flash_attn)
             runs[i] = runs[i].merged(got) if i in runs else got
     rows = []
     for i, (name, preset, path) in enumerate(jobs):
         spec, by_type, limits, pp = _predict(path, machine, n_threads, n_prompt)
         preset = preset or spec.file_type or "?"
         with realtime(rt):
-            got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path)
+            got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path, flash_attn=flash_attn)
         measured = runs[i].merged(got) if i in runs else got
         if probe_pred:  # a slow spell: repeat (2 at a time, up to 3x the repetitions) until enough ran at level
             floors = {"tg": FAST_LEVEL * probe_pred[2].tok_s, "pp": FAST_LEVEL * probe_pred[3] if probe_pred[3] else None}
@@ -734,7 +737,7 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
                 if all(measured.at_level(m, f) >= need for m, f in floors.items() if f and measured.samples(m)):
                     break
                 with realtime(rt):
-                    measured = measured.merged(llama_bench(path, n_threads, n_prompt, n_gen, 2, probe=probe_path))
+                    measured = measured.merged(llama_bench(path, n_threads, n_prompt, n_gen, 2, probe=probe_path, flash_attn=flash_attn))
         pm_pp, pm_tg, why = _predict_with_perf_model(path, preset, machine, n_prompt, n_gen)
         row = ValidationRow(name, preset, sum(_n_elements(t) for t in _tensors(spec)), sum(by_type.values()), n_threads,
                             measured, limits, pp, pm_pp, pm_tg, why, rates_label(machine.ram),
