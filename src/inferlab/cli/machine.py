@@ -154,8 +154,9 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
              n_prompt: int, n_gen: int, realtime: bool, no_profile: bool, rounds: int, no_probe: bool, as_json: bool) -> None:
     """Measured vs predicted prefill and decode tokens/s on this machine, llama-bench style. Each
     repetition runs between two runs of a level probe (a model the rates were fitted on), and a row
-    is scored at the speed the machine had then ("at level"); the fastest repetition is shown and
-    scored against too ("vs best"). Rows whose repetitions disagree are flagged."""
+    is scored on the repetitions that ran while the probe ran at the calibrated level ("at level");
+    the fastest repetition is shown and scored against too ("vs best"). Rows whose repetitions
+    disagree, or that never ran at level, are flagged."""
     from ..api import validate as validate_api
 
     model_list = tuple(m for m in models.split(",") if m)
@@ -211,8 +212,8 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
         if r.perf_model_note:
             con.print(f"[dim]perf_model: {r.perf_model_note}[/]")
         if probed:
-            con.print("at level: predicted / (the probe's prediction x the measured speed relative to the probe) - 1, the machine's "
-                      "speed changes cancelled (level = the probe's measured / predicted decode speed)")
+            con.print("at level: predicted / the median of the repetitions whose probe ran within 90 % of its predicted speed - 1 "
+                      "(level = the probe's measured / predicted decode speed)")
         scored = [abs(e) for x in rows for e, m in ((x.scored_error("tg") if x.measured.tg_tok_s else None, "tg"),
                                                      (x.scored_error("pp") if x.measured.pp_tok_s else None, "pp"))
                   if e is not None and (probed or not x.unstable(m))]

@@ -238,9 +238,10 @@ def llama_cpp_plan(types: tuple[str, ...] = tuple(LLAMA_CPP_TYPES), shapes: tupl
     are written and quantized on first use (validate.toy_model's cache).
 
     ``probe``: every repetition is timed between two runs of the level probe (validate.level_probe,
-    toy-wide Q4_K), and the fit uses each figure's speed relative to it: a shared VM's speed moves
-    by a fifth within seconds (toy-thin Q4_K decode 296-441 tok/s in one minute, 2026-12-01), and
-    figures taken at different levels do not fit one model of the machine.
+    toy-wide Q4_K), and a figure is the median of its repetitions whose probe ran at the machine's
+    level (llama_cpp_reference): a shared VM's speed moves by a fifth within seconds (toy-thin Q4_K
+    decode 296-441 tok/s in one minute, 2026-12-01), and figures taken at different levels do not
+    fit one model of the machine.
     ``rounds``: every figure is timed that many times, one pass over all the steps after another
     (same keys: run_calibration keeps the repetitions of every round)."""
     from ..errors import UnknownNameError
@@ -413,8 +414,8 @@ def llama_cpp_reference(profile: dict) -> dict:
     stream = []
     pp_runs = []
     measured = profile.get("llama_cpp", {}).get("runs", {})
-    # the level probe's fastest run at each thread count and test over the whole calibration: every
-    # figure timed beside the probe is taken at that level (its speed relative to the probe x it)
+    # the level probe's fastest run at each thread count and test over the whole calibration (the
+    # machine's level is the median of the probe's runs within FAST_LEVEL of it, below)
     probe_best: dict[tuple[str, str], float] = {}
     for by_type in measured.values():
         for by_threads in by_type.values():

@@ -700,9 +700,9 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
                        flash_attn: bool = True) -> list[ValidationRow]:
     """Run each toy model (and any given GGUF) through llama.cpp and the speed model; one row each.
     ``rt``: time at real-time priority (measure.realtime); ``profile``: as detect_machine's.
-    ``probe``: time the level probe (level_probe()) around every repetition; each row is then scored
-    on its speed relative to the probe (ValidationRow.matched_error), so the machine's changes of
-    speed within the run cancel, and also reported against its fastest repetition.
+    ``probe``: time the level probe (level_probe()) around every repetition and score each row on
+    the repetitions that ran while the probe ran at the calibrated level (ValidationRow.matched_error;
+    a row is repeated until AT_LEVEL_MIN did, up to 3x), and also against its fastest repetition.
     ``rounds``: the whole list is run that many times, one model after the other each round, and
     each row keeps the repetitions of every round. ``flash_attn``: as llama_bench's."""
     from ..perf.cpu_model import rates_label
