@@ -195,26 +195,26 @@ def _bench_measurement(path: str, threads: int, what: str, n_prompt: int, n_gen:
     """tg (tokens/s; 1 thread: per CPU-second of the computing thread) or pp of one model, the
     llama-bench method, repeated until the two fastest repetitions agree. ``probe``: the level
     probe (validate.level_probe) timed around every repetition, its speeds kept in extra["probe"],
-    and the repetitions run until their speeds relative to it agree; with ``levels`` (the probe's
-    fastest run so far at each thread count and test, shared by the steps of one calibration),
-    until two of the repetitions whose probe reached validate.FAST_LEVEL of it agree."""
+    and the repetitions run until two of those whose probe reached validate.FAST_LEVEL of its
+    fastest run so far agree (``levels``: those fastest runs by thread count and test, shared by
+    the steps of one calibration; a fresh dict when not given)."""
     from .validate import FAST_LEVEL, llama_bench
 
     samples: list[float] = []
     around: list[float] = []
     key = (threads, what)
+    levels = {} if levels is None else levels
     with watch(threads) as w:
         while len(samples) < max(3 * repeats, 6):
             with realtime(rt):
                 r = llama_bench(path, threads, n_prompt if what == "pp" else 0, n_gen if what == "tg" else 0, repeats, probe=probe)
             samples += list(r.samples(what))
             around += list(r.probe_samples(what))
-            if probe and levels is not None:
+            judged = samples
+            if probe:
                 levels[key] = max([levels.get(key, 0.0), *around])  # the probe's fastest so far in this calibration
-                fast = [(a, b) for a, b in zip(samples, around) if b >= FAST_LEVEL * levels[key]]
-                judged = [a for a, _ in fast] if len(fast) >= 2 else []  # the repetitions that ran at the machine's level
-            else:
-                judged = [a / b for a, b in zip(samples, around)] if probe else samples
+                fast = [a for a, b in zip(samples, around) if b >= FAST_LEVEL * levels[key]]
+                judged = fast if len(fast) >= 2 else []  # the repetitions that ran at the machine's level
             if Measurement("", "", tuple(judged)).stable():
                 break
             repeats = 2
@@ -416,21 +416,17 @@ def llama_cpp_reference(profile: dict) -> dict:
     measured = profile.get("llama_cpp", {}).get("runs", {})
     # the level probe's fastest run at each thread count and test over the whole calibration (the
     # machine's level is the median of the probe's runs within FAST_LEVEL of it, below)
-    probe_best: dict[tuple[str, str], float] = {}
+    probe_runs: dict[tuple[str, str], list[float]] = {}
     for by_type in measured.values():
         for by_threads in by_type.values():
             for t, m in by_threads.items():
                 for what, fig in m.items():
-                    for v in (fig.get("extra") or {}).get("probe") or ():
-                        probe_best[(t, what)] = max(probe_best.get((t, what), 0.0), v)
-
+                    probe_runs.setdefault((t, what), []).extend((fig.get("extra") or {}).get("probe") or ())
+    probe_best = {k: max(v) for k, v in probe_runs.items() if v}
     # the level: the median of the probe's runs within FAST_LEVEL of its fastest (the machine
     # undisturbed), what a figure's speed relative to the probe is scaled by when none of its own
     # repetitions ran at that level
-    probe_level = {k: statistics.median([v for by_type in measured.values() for by_threads in by_type.values()
-                                         for t, m in by_threads.items() for w, fig in m.items() if (t, w) == k
-                                         for v in (fig.get("extra") or {}).get("probe") or () if v >= FAST_LEVEL * best])
-                   for k, best in probe_best.items()}
+    probe_level = {k: statistics.median(v for v in probe_runs[k] if v >= FAST_LEVEL * best) for k, best in probe_best.items()}
 
     def tok_s(fig: dict, t: str, what: str) -> float:
         probe = (fig.get("extra") or {}).get("probe")

@@ -306,18 +306,11 @@ class BenchResult:
         """How many repetitions ran while the probe around them reached ``probe_floor`` tok/s."""
         return sum(b >= probe_floor for _, b in self._pairs(metric))
 
-    def relative(self, metric: str, probe_floor: float | None = None) -> float | None:
+    def relative(self, metric: str) -> float | None:
         """Median over the repetitions of this model's speed / the probe's around it (None without a
-        probe): the machine's speed level cancels, as both ran within the same second or two.
-        ``probe_floor``: only the repetitions whose probe reached it, when there are any. A slow
-        spell of a shared VM does not slow every model alike (one that waits on memory more than
-        one that waits on its threads), so the ratio is taken where the machine ran at its level."""
+        probe): what stands in when no repetition ran at the calibrated level (ValidationRow.matched_error)."""
         pairs = self._pairs(metric)
-        if not pairs:
-            return None
-        if probe_floor is not None:
-            pairs = [(a, b) for a, b in pairs if b >= probe_floor] or pairs
-        return statistics.median(a / b for a, b in pairs)
+        return statistics.median(a / b for a, b in pairs) if pairs else None
 
     def disagreement(self, metric: str) -> float:
         """(fastest - second fastest) / fastest repetition: how far apart the repetitions are."""
