@@ -170,24 +170,34 @@ def test_ratios_between_types_and_shapes_hold_with_the_stored_reference():
     shapes measured in one run: toy-200m Q8_0 against Q4_K_M (more bytes per token: 179 vs 108
     MB, the same 12 layers) and toy-smol Q8_0 (30 thin layers) against toy-200m Q8_0 (12 wide
     ones). One thread, timed by its CPU time (the other processes' share of the cores does not
-    count), each the best of its repetitions. With flash attention as the reference was measured
-    (off: data/cpu_limits.json "flash_attention"; on, toy-smol's 30 thin layers gain more than
-    toy-200m's 12 and the ratio moved by 15 %, 2026-12-01)."""
+    count). With flash attention as the reference was measured (off: data/cpu_limits.json
+    "flash_attention"; on, toy-smol's 30 thin layers gain more than toy-200m's 12 and the ratio
+    moved by 15 %, 2026-12-01).
+
+    The three models run one after the other in each of 7 rounds, and a ratio is the median of
+    its rounds' ratios: this VM's speed moves within seconds even by CPU time (2026-12-01, one
+    repetition of each per round: toy-smol / toy-200m Q8_0 0.82-1.20 over five rounds; the best of
+    3 back-to-back repetitions of each once gave toy-200m Q8_0 / Q4_K_M 0.85 against 0.68
+    predicted, where interleaved rounds give 0.63-0.73)."""
     pytest.importorskip("llama_cpp")
     from inferlab.perf.cpu_model import reference_for
 
     machine = detect_machine(profile=False)
     fa = reference_for(machine.ram).get("flash_attention", True)
-    rows = v.validate_llama_cpp(machine=machine, models=("toy-200m",), presets=("Q4_K_M", "Q8_0"), n_threads=1,
-                                repetitions=3, n_prompt=0, n_gen=32, flash_attn=fa, probe=False)
-    rows += v.validate_llama_cpp(machine=machine, models=("toy-smol",), presets=("Q8_0",), n_threads=1, repetitions=3,
-                                 n_prompt=0, n_gen=32, flash_attn=fa, probe=False)  # back to back, as the reference was timed
-    got = {(r.model, r.preset): r for r in rows}
     pairs = ((("toy-200m", "Q8_0"), ("toy-200m", "Q4_K_M")), (("toy-smol", "Q8_0"), ("toy-200m", "Q8_0")))
+    ratios: dict = {pair: [] for pair in pairs}
+    for _ in range(7):
+        rows = v.validate_llama_cpp(machine=machine, models=("toy-200m",), presets=("Q4_K_M", "Q8_0"), n_threads=1,
+                                    repetitions=1, n_prompt=0, n_gen=64, flash_attn=fa, probe=False)
+        rows += v.validate_llama_cpp(machine=machine, models=("toy-smol",), presets=("Q8_0",), n_threads=1, repetitions=1,
+                                     n_prompt=0, n_gen=64, flash_attn=fa, probe=False)  # back to back, as the reference was timed
+        got = {(r.model, r.preset): r for r in rows}
+        for a, b in pairs:
+            ratios[(a, b)].append(got[a].measured.best("tg") / got[b].measured.best("tg"))
     for a, b in pairs:
-        measured = got[a].measured.best("tg") / got[b].measured.best("tg")
-        predicted = got[a].predicted_tg / got[b].predicted_tg
-        assert abs(predicted / measured - 1) <= 0.15, (a, b, measured, predicted, got[a].rates)
+        measured = statistics.median(ratios[(a, b)])
+        predicted = got[a].predicted_tg / got[b].predicted_tg  # the same every round: no measurement in it
+        assert abs(predicted / measured - 1) <= 0.15, (a, b, measured, predicted, ratios[(a, b)], got[a].rates)
     assert got[("toy-200m", "Q8_0")].decode_bytes > got[("toy-200m", "Q4_K_M")].decode_bytes
 
 
