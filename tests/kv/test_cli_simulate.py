@@ -139,8 +139,7 @@ def test_the_service_layer_gives_each_runs_own_events():
         assert kinds.count("finish") == run.summary["finished"] == 8  # the seed workload's 8 requests
         assert kinds.count("preempt") == run.summary["preemptions"]
         assert [s["step"] for s in run.events] == list(range(1, run.summary["steps"] + 1))
-        assert {k: v for k, v in run.summary.items() if k != "kv_mean_tokens"} == \
-               {k: v for k, v in base.summary.items() if k != "kv_mean_tokens"}
+        assert run.summary == base.summary  # kv_mean_tokens too: fast-forward sums it step by step
     assert all(r.events is None for r in plain.runs) and all(js["events"] is None for js in plain.to_dict()["runs"])
 
 

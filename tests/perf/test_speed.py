@@ -84,3 +84,9 @@ def test_bad_input():
         decode_step_time(p, mc, 10, batch=0)
     with pytest.raises(InvalidValueError, match="n_tokens"):
         prefill_time(p, mc, 0)
+    for bad in (2.5, 512.0, True, "512"):  # a prompt is a whole number of tokens: 2.5 was priced before
+        with pytest.raises(InvalidValueError, match=r"n_tokens must be a whole number of tokens >= 1, got"):
+            prefill_time(p, mc, bad)
+    import numpy as np
+
+    assert prefill_time(p, mc, np.int64(512))["total_s"] == prefill_time(p, mc, 512)["total_s"]  # numpy's ints count

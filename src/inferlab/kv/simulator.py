@@ -197,8 +197,11 @@ class KVManager:
         context tokens of the first); else None."""
         return None
 
-    def fast_forward(self, k: int) -> None:
-        """Apply ``k`` pure decode steps at once (only after decode_horizon allowed >= k)."""
+    def fast_forward(self, k: int) -> Sequence[int] | None:
+        """Apply ``k`` pure decode steps at once (only after decode_horizon allowed >= k). Returns
+        the KV tokens (in use + cached) after each of the k steps, or None when every step adds one
+        token per running sequence (the batch), so that the time-averaged KV (kv_mean_tokens) comes
+        out as stepping one by one gives it."""
         raise NotImplementedError
 
     # shared helper
@@ -434,14 +437,17 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
         if horizon is not None and horizon[0] >= 2:
             k_max, batch, ctx = horizon
             limit = seqs[nxt].req.arrival_s if nxt < n else math.inf
-            k, span = 0, 0.0
+            k, span, dts = 0, 0.0, []
             while k < k_max and (k == 0 or now + span < limit):
-                span += 1.0 if time_model is None else time_model.step_time(0, batch, ctx + k * batch)
+                dts.append(1.0 if time_model is None else time_model.step_time(0, batch, ctx + k * batch))
+                span += dts[-1]
                 k += 1
             if k >= 2:
-                used0 = manager.kv_used_tokens() + manager.kv_cached_tokens()
-                manager.fast_forward(k)
-                now += span
+                kv0 = manager.kv_used_tokens() + manager.kv_cached_tokens()
+                after = manager.fast_forward(k)
+                for j, dt in enumerate(dts):  # as stepping adds them: the KV after each step x its duration
+                    now += dt
+                    kv_area += (after[j] if after is not None else kv0 + (j + 1) * batch) * dt
                 steps += k
                 if check_invariants:
                     check_common(manager)
@@ -449,7 +455,6 @@ def simulate(requests: Iterable[Request], manager: KVManager, time_model=None, *
                 used, cached = observe(now)
                 peak_conc = max(peak_conc, batch)
                 kv_peak = max(kv_peak, used + cached)
-                kv_area += (used0 + used + cached) / 2 * span  # KV grows linearly while decoding
                 if progress is not None and steps % 2000 < k:
                     progress(done, n, now)
                 continue

@@ -15,6 +15,7 @@ on published llama-bench results (see calibration.py).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,7 +205,9 @@ def prefill_time(placement: Placement, machine: Machine, n_tokens: int, model: S
     llama.cpp, which `op_offload_transfers_per_ubatch` selects).
     """
     _check_objects(placement, machine)
-    check_positive("n_tokens", n_tokens)
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 1:
+        raise InvalidValueError(f"n_tokens must be a whole number of tokens >= 1, got {n_tokens!r}")
+    n_tokens = int(n_tokens)
     _check_ctx("context", context)
     hw = _hw(placement, machine)
     gpu_hw = hw[1] if len(hw) > 1 else None

@@ -150,7 +150,7 @@ class PagedManager(KVManager):
             raise InvalidValueError(f"vllm: add() takes a {VllmRequest.__name__} (PagedManager.request_type), "
                                     f"got {type(seq).__name__}")
         self.waiting.append(seq)
-        return None
+        return after
 
     def _preempt(self, victim: VllmRequest) -> None:
         if victim.dbase is not None:  # (a victim has not had its turn in this step yet)
@@ -398,24 +398,28 @@ class PagedManager(KVManager):
             k //= 2
         return (k, b, sum(c) + b) if k >= 2 else None
 
-    def fast_forward(self, k: int) -> None:
+    def fast_forward(self, k: int) -> list[int]:
         """k decode steps: the block work of each step's tokens that start or fill a block, in
-        running order within each step (as _decode_block_work, which never preempts here)."""
+        running order within each step (as _decode_block_work, which never preempts here). Returns
+        the KV tokens (in use + cached) after each step: blocks are taken a block at a time."""
         temporary = self.num_lazy < len(self.running)  # decode_clock off: on the clock meanwhile
         for s in self.running[self.num_lazy:]:
             self._join(s)
         t0 = self.clock
         bs, events, kv = self.block_size, self.decode_events, self.kv
+        after = []
         for t in range(t0, t0 + k):
             for s, starts in events[t % bs]:
                 if starts:
                     kv.start_block(s)
                 else:
                     kv.fill_block(s)
+            after.append((self.usable_blocks - len(kv.pool.free) + kv.pool.num_hashed_free) * bs)  # kv_used + kv_cached
         self.clock = t0 + k
         if temporary:
             for s in self.running:
                 self._settle(s, self.clock)
+        return after
 
     # ---------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
