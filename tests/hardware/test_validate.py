@@ -212,6 +212,22 @@ def test_without_llama_cpp_python_the_error_names_the_extra(tiny_f16, monkeypatc
 
 
 @pytest.mark.engine
+def test_the_perf_model_column_prices_the_files_own_tensors(tiny_f16, tmp_path):
+    """validate's perf_model column and its own model price the same tensors: llama-quantize's Q4_0
+    writes the output head as Q6_K (a bare "Q4_0" is the pure type in a plan: a Q4_0 head, and
+    toy-125m decoded +15 % faster in that column than in validate's own, 2026-12-01). Nothing runs
+    llama.cpp here but the quantizer: both figures are predictions, one step over the same bytes."""
+    pytest.importorskip("llama_cpp")
+    q4 = v.quantize(tiny_f16, str(tmp_path / "tiny-Q4_0.gguf"), "Q4_0")
+    types = {t.name: t.ggml_type for t in model_from_gguf(q4).tensors}
+    assert types["output.weight"] == "Q6_K" and types["blk.0.ffn_up.weight"] == "Q4_0"
+    machine = detect_machine(profile=False)
+    _, _, limits, _ = v._predict(q4, machine, v.physical_cores(), 0)  # perf_model decodes on every core
+    _, tg, why = v._predict_with_perf_model(q4, machine, 0, 2)
+    assert not why and tg == pytest.approx(limits.tok_s, rel=0.01)  # the same step (the column used to differ)
+
+
+@pytest.mark.engine
 def test_validate_command_runs_a_given_gguf_and_prints_measured_and_predicted(tiny_f16, tmp_path):
     pytest.importorskip("llama_cpp")
     from click.testing import CliRunner

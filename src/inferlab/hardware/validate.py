@@ -648,13 +648,16 @@ def prefill_flops_by_type(spec: ModelSpec, n_prompt: int) -> dict[str, float]:
     return out
 
 
-def _predict_with_perf_model(model_path: str, preset: str, machine, n_prompt: int, n_gen: int) -> tuple[float | None, float | None, str]:
-    """(pp, tg, why-not) from the calibrated speed model, when it is importable and answers."""
+def _predict_with_perf_model(model_path: str, machine, n_prompt: int, n_gen: int) -> tuple[float | None, float | None, str]:
+    """(pp, tg, why-not) from the calibrated speed model, when it is importable and answers: on the
+    file's own tensors (quant None), not on a plan of its preset (a bare "Q4_0" is the pure type
+    there, with a Q4_0 output head where llama-quantize's Q4_0 writes Q6_K: toy-125m decode
+    +15 % over the file's prediction, 2026-12-01)."""
     try:
         from ..models.gguf_reader import model_from_gguf
         from ..perf.calibration import llama_bench as predicted_bench
 
-        got = predicted_bench(model_from_gguf(model_path), preset, machine, n_prompt=n_prompt, n_gen=n_gen)
+        got = predicted_bench(model_from_gguf(model_path), None, machine, n_prompt=n_prompt, n_gen=n_gen)
         return got["pp"], got["tg"], ""
     except (ImportError, NotImplementedError, TypeError, KeyError, AttributeError, InferlabError) as exc:
         return None, None, f"perf_model.llama_bench failed here ({type(exc).__name__}: {exc})"
@@ -731,7 +734,7 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
                     break
                 with realtime(rt):
                     measured = measured.merged(llama_bench(path, n_threads, n_prompt, n_gen, 2, probe=probe_path, flash_attn=flash_attn))
-        pm_pp, pm_tg, why = _predict_with_perf_model(path, preset, machine, n_prompt, n_gen)
+        pm_pp, pm_tg, why = _predict_with_perf_model(path, machine, n_prompt, n_gen)
         row = ValidationRow(name, preset, sum(_n_elements(t) for t in _tensors(spec)), sum(by_type.values()), n_threads,
                             measured, limits, pp, pm_pp, pm_tg, why, rates_label(machine.ram),
                             probe_predicted_pp=probe_pred[3] if probe_pred else None,
