@@ -150,7 +150,7 @@ class PagedManager(KVManager):
             raise InvalidValueError(f"vllm: add() takes a {VllmRequest.__name__} (PagedManager.request_type), "
                                     f"got {type(seq).__name__}")
         self.waiting.append(seq)
-        return after
+        return None
 
     def _preempt(self, victim: VllmRequest) -> None:
         if victim.dbase is not None:  # (a victim has not had its turn in this step yet)
