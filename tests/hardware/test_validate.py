@@ -361,34 +361,64 @@ def test_decode_bandwidth_comes_from_the_f32_stream_toy_even_above_calibrates_nu
 
 
 def test_a_row_is_scored_at_the_speed_level_its_probe_saw():
-    """The model predicts 330 tok/s for a row and 600 for the probe; a repetition ran at the
-    calibrated level when the probe around it reached 0.9 x 600 = 540. One row ran 300 tok/s with
+    """The model predicts 330 tok/s for a row; the probe ran 600 at calibrate; a repetition ran at
+    the calibrated level when the probe around it reached 0.9 x 600 = 540. One row ran 300 tok/s with
     the probe at 600, then 225 with the probe at 450 (a slow spell): only the first counts, so the
     error at level is 330 / 300 - 1 = +10 % (the median of the repetitions at level). Another row
     caught the slow spell throughout (225 and 230, probe 450 and 460): none ran at level, so its
-    speed relative to the probe (0.5 both times) x the probe's prediction stands in, 330 / 300 - 1
+    speed relative to the probe (0.5 both times) x the probe's calibrated speed stands in, 330 / 300 - 1
     = +10 % again, and the row says so; against its fastest repetition it would be +43.5 %."""
     def row(tg, probe):
         measured = v.BenchResult("x.gguf", 2, 0, 64, (), tg, (), (), probe, "probe.gguf")
         limits = v.DecodeLimits(memory_s=1 / 330, compute_s=0.0, overhead_s=0.0, eta=1.0, bandwidth_gbs=40.0)
-        return v.ValidationRow("toy", "Q8_0", 1, 1, 2, measured, limits, None, probe_predicted_tg=600.0)
+        return v.ValidationRow("toy", "Q8_0", 1, 1, 2, measured, limits, None, probe_reference_tg=600.0)
 
     both = row((300.0, 225.0), (600.0, 450.0))
     assert both.level_floor("tg") == pytest.approx(540.0) and both.measured.at_level("tg", 540.0) == 1
     assert both.matched_error("tg") == pytest.approx(330 / 300 - 1) and both.scored_error("tg") == both.matched_error("tg")
-    assert both.level("tg") == pytest.approx(525 / 600)  # the probe's median over its prediction
+    assert both.level("tg") == pytest.approx(525 / 600)  # the probe's median over its calibrated speed
     assert not any("never reached" in f for f in both.flags)
     slow = row((225.0, 230.0), (450.0, 460.0))
     assert slow.measured.relative("tg") == pytest.approx(0.5)
     assert slow.matched_error("tg") == pytest.approx(330 / (600 * 0.5) - 1)
     assert slow.tg_error == pytest.approx(330 / 230 - 1)
-    assert any("tg: the probe never reached 90%" in f for f in slow.flags)
+    assert any("tg: the probe never reached 90% of its speed at calibrate" in f for f in slow.flags)
     bare = _row(tg=(100.0, 98.0), pp=(1000.0, 990.0), predicted_tg=110.0)  # no probe: scored against the best
     assert bare.matched_error("tg") is None and bare.scored_error("tg") == pytest.approx(0.1)
     a = v.BenchResult("x.gguf", 2, 0, 64, (), (300.0,), (), (), (600.0,), "probe.gguf")
     assert a.merged(a).tg_probe_tok_s == (600.0, 600.0)
     with pytest.raises(InvalidValueError, match="different tests"):  # runs with and without the probe are not one test
         a.merged(v.BenchResult("x.gguf", 2, 0, 64, (), (300.0,)))
+
+
+def test_the_probe_is_judged_against_its_speed_at_calibrate_not_its_prediction(tiny_f16):
+    """A calibrated profile says the probe ran 530 tok/s decode and 2368 pp128 at the machine's
+    level with 2 threads: a repetition is at level when its probe reached 0.9 x 530 = 477, whatever
+    the fit predicts for the probe (its residual: 469 predicted here on 2026-12-01, so the floor was
+    0.9 x 469 = 422, 0.8 of the calibrated speed). pp at another prompt length: 2368 x the model's
+    ratio between the two lengths. A thread count calibrate did not run, or a stored reference:
+    the prediction. (The tiny F16 file stands in for the probe's GGUF: only its prediction is used.)"""
+    from inferlab.hardware.catalog import MACHINES
+    from inferlab.perf.cpu_model import attach_rates, limits
+
+    base = MACHINES["cpu-ddr5"]
+    ram = replace(base.ram, source="test: probe level", n_cores=2)
+    plain = replace(base, ram=replace(base.ram, n_cores=2))
+    ref = dict(limits()["references"][0], id="lvl", date="2026-12-01",
+               level_probe={"model": v.PROBE_MODEL, "type": v.PROBE_TYPE, "level_tok_s": {"2.tg": 530.0, "2.pp": 2368.0},
+                            "best_tok_s": {"2.tg": 566.0, "2.pp": 2503.0}, "n_prompt": 128})
+    attach_rates(ram, ref)
+    machine = replace(base, ram=ram)
+    tg, pp = v.probe_reference(tiny_f16, machine, 2, 128)
+    assert (tg, pp) == (530.0, 2368.0)
+    _, _, lim, pp128 = v._predict(tiny_f16, machine, 2, 128)
+    _, _, _, pp512 = v._predict(tiny_f16, machine, 2, 512)
+    assert lim.tok_s != pytest.approx(530.0, rel=0.05)  # the prediction is another figure: the test tells them apart
+    assert v.probe_reference(tiny_f16, machine, 2, 512)[1] == pytest.approx(2368.0 * pp512 / pp128)
+    _, _, lim1, pp1 = v._predict(tiny_f16, machine, 1, 128)
+    assert v.probe_reference(tiny_f16, machine, 1, 128) == (lim1.tok_s, pp1)  # 1 thread: no calibrate figure
+    _, _, lim_s, pp_s = v._predict(tiny_f16, plain, 2, 128)
+    assert v.probe_reference(tiny_f16, plain, 2, 128) == (lim_s.tok_s, pp_s)  # a stored reference: the prediction
 
 
 @pytest.mark.engine

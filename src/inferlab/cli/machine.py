@@ -212,8 +212,8 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
         if r.perf_model_note:
             con.print(f"[dim]perf_model: {r.perf_model_note}[/]")
         if probed:
-            con.print("at level: predicted / the median of the repetitions whose probe ran within 90 % of its predicted speed - 1 "
-                      "(level = the probe's measured / predicted decode speed)")
+            con.print("at level: predicted / the median of the repetitions whose probe ran within 90 % of its speed at calibrate - 1 "
+                      "(level = the probe's decode speed here / at calibrate; its prediction where the rates have no calibrate figure)")
         scored = [abs(e) for x in rows for e, m in ((x.scored_error("tg") if x.measured.tg_tok_s else None, "tg"),
                                                      (x.scored_error("pp") if x.measured.pp_tok_s else None, "pp"))
                   if e is not None and (probed or not x.unstable(m))]

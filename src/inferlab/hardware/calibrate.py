@@ -460,6 +460,7 @@ def llama_cpp_reference(profile: dict) -> dict:
                 if "pp" in m:
                     x = m["pp"]["extra"]
                     pp_runs.append({"type": ty, "threads": int(t), "n_layer": x["n_layer"], "flops_per_token": x["prefill_flops_per_token"],
+                                    "n_prompt": x.get("n_prompt"),
                                     "s_per_token": 1 / tok_s(m["pp"], t, "pp")})
     if not runs:
         raise InvalidValueError("the profile holds no llama.cpp runs to fit; run `inferlab calibrate --engine llama.cpp`")
@@ -506,7 +507,8 @@ def llama_cpp_reference(profile: dict) -> dict:
             "dram_stall_s_per_byte_by_threads": {str(t): f["dram_stall_s_per_byte"] for t, f in fits.items()}, "l3_bytes": l3,
             "left_out_memory_bound_by_threads": {str(t): f["left_out"] for t, f in fits.items() if f["left_out"]},
             "level_probe": {"model": PROBE_MODEL, "type": PROBE_TYPE, "best_tok_s": {f"{t}.{w}": v for (t, w), v in sorted(probe_best.items())},
-                            "level_tok_s": {f"{t}.{w}": v for (t, w), v in sorted(probe_level.items())}} if probe_best else None,
+                            "level_tok_s": {f"{t}.{w}": v for (t, w), v in sorted(probe_level.items())},
+                            "n_prompt": next((r["n_prompt"] for r in pp_runs), None)} if probe_best else None,
             "decode_bw_eff": eta, "decode_bw_achieved_gbs": achieved, "read_bandwidth_gbs_best": bw,
             "prefill_eff_vs_fp32_peak_by_type": shares, "prefill_overhead_s_per_layer_token": pp_overhead,
             "prefill_eff_vs_fp32_matmul": statistics.median(shares.values()) if shares else 0.5, "fp32_peak_tflops": peak,

@@ -515,9 +515,10 @@ class ValidationRow:
     perf_model_note: str = ""  # why perf_model gave no figures
     rates: str = ""  # which CPU rates the prediction used (the machine profile's id and date, or a reference)
     disagree_tol: float = DISAGREE_TOL
-    # the same prediction for the level probe (measured.probe_path) at the same lengths and threads
-    probe_predicted_pp: float | None = None
-    probe_predicted_tg: float | None = None
+    # the level probe's (measured.probe_path) speed at the calibrated level, same lengths and threads:
+    # what it ran at calibrate (probe_reference), or its prediction when the rates have no such figure
+    probe_reference_pp: float | None = None
+    probe_reference_tg: float | None = None
 
     @property
     def predicted_tg(self) -> float:
@@ -526,29 +527,29 @@ class ValidationRow:
     def predicted(self, metric: str) -> float | None:
         return self.predicted_tg if metric == "tg" else self.predicted_pp
 
-    def probe_predicted(self, metric: str) -> float | None:
-        return self.probe_predicted_tg if metric == "tg" else self.probe_predicted_pp
+    def probe_reference(self, metric: str) -> float | None:
+        return self.probe_reference_tg if metric == "tg" else self.probe_reference_pp
 
     def level_floor(self, metric: str) -> float | None:
         """The probe speed a repetition's probe must reach to count as at the calibrated level."""
-        pred = self.probe_predicted(metric)
-        return FAST_LEVEL * pred if pred else None
+        ref = self.probe_reference(metric)
+        return FAST_LEVEL * ref if ref else None
 
     def level(self, metric: str) -> float | None:
-        """How fast the machine ran this row against the rates: the probe's measured speed around the
-        repetitions (median) over its predicted speed; None without a probe."""
+        """How fast the machine ran this row against calibrate: the probe's measured speed around the
+        repetitions (median) over its speed at the calibrated level; None without a probe."""
         probe = self.measured.probe_samples(metric)
-        pred = self.probe_predicted_tg if metric == "tg" else self.probe_predicted_pp
-        return statistics.median(probe) / pred if probe and pred else None
+        ref = self.probe_reference(metric)
+        return statistics.median(probe) / ref if probe and ref else None
 
     def matched_error(self, metric: str) -> float | None:
         """The prediction against the repetitions that ran at the calibrated level: predicted / the
-        median of the repetitions whose probe reached FAST_LEVEL of its prediction - 1. The probe
+        median of the repetitions whose probe reached FAST_LEVEL of its calibrated speed - 1. The probe
         only tells the machine's slow spells (another guest on the cores) from its own speed: a
         spell does not slow every model alike (the probe, wide and streaming, not as a thin model
         that waits on its threads), so the repetitions are chosen by it, not scaled by it. When no
         repetition ran at level (the machine was slower throughout; see flags), the median speed
-        relative to the probe x the probe's prediction stands in."""
+        relative to the probe x the probe's calibrated speed stands in."""
         pred = self.predicted(metric)
         floor = self.level_floor(metric)
         if pred is None or floor is None or not self.measured._pairs(metric):
@@ -556,8 +557,8 @@ class ValidationRow:
         fast = [a for a, b in self.measured._pairs(metric) if b >= floor]
         if fast:
             return pred / statistics.median(fast) - 1.0
-        rel, probe_pred = self.measured.relative(metric), self.probe_predicted(metric)
-        return None if rel is None or probe_pred is None else pred / (probe_pred * rel) - 1.0
+        rel, ref = self.measured.relative(metric), self.probe_reference(metric)
+        return None if rel is None or ref is None else pred / (ref * rel) - 1.0
 
     def scored_error(self, metric: str) -> float | None:
         """The error this row is scored on: matched_error when a probe ran beside it, else against
@@ -591,7 +592,7 @@ class ValidationRow:
         for m in ("pp", "tg"):
             floor = self.level_floor(m)
             if floor and self.measured._pairs(m) and not self.measured.at_level(m, floor):
-                out.append(f"{m}: the probe never reached {FAST_LEVEL:.0%} of its predicted speed (the machine ran slower than "
+                out.append(f"{m}: the probe never reached {FAST_LEVEL:.0%} of its speed at calibrate (the machine ran slower than "
                            "at calibrate throughout): scored by the speed relative to it")
         return tuple(out)
 
@@ -667,11 +668,37 @@ def _predict_with_perf_model(model_path: str, machine, n_prompt: int, n_gen: int
 # machine's profile has its figures), timed around every repetition of calibrate's and validate's
 # runs (llama_bench's probe): wide and shallow, so one run is short
 PROBE_MODEL, PROBE_TYPE = "toy-wide", "Q4_K"
+CALIBRATE_N_PROMPT = 128  # calibrate --engine llama.cpp's prompt (llama_cpp_plan's n_prompt), for profiles that do not say
 
 
 def level_probe(directory: str | None = None) -> str:
     """Path of the level probe's GGUF (written and quantized on first use)."""
     return toy_model(PROBE_MODEL, "Q4_K_S", pure=True, directory=directory)  # --pure Q4_K_S: every matrix Q4_K
+
+
+def probe_reference(probe_path: str, machine, n_threads: int, n_prompt: int) -> tuple[float, float | None]:
+    """(tg, pp tok/s) the level probe runs at when the machine is at its calibrated level, with
+    ``n_threads`` and a prompt of ``n_prompt``: the machine profile's level_probe (the median of the
+    probe's runs during calibrate within FAST_LEVEL of its fastest), pp carried to ``n_prompt`` by
+    the model's ratio between the two lengths; where the rates hold no such figure (a stored
+    reference, an older profile, another thread count), the probe's prediction.
+
+    Not the prediction first: the fit misses the probe itself by its residual (2 threads, this VM,
+    2026-12-01: 469 predicted against 530 tok/s at calibrate), and a floor that low counted
+    repetitions at 0.8 of the calibrated speed as at level, every error then too fast."""
+    from ..perf.cpu_model import attached_rates
+
+    _, _, limits, pp = _predict(probe_path, machine, n_threads, n_prompt)
+    tg_ref, pp_ref = limits.tok_s, pp
+    lp = (attached_rates(machine.ram) or {}).get("level_probe") or {}
+    if (lp.get("model"), lp.get("type")) == (PROBE_MODEL, PROBE_TYPE):
+        level = lp.get("level_tok_s") or {}
+        if level.get(f"{n_threads}.tg"):
+            tg_ref = level[f"{n_threads}.tg"]  # decode: the prediction has no length in it
+        if pp is not None and level.get(f"{n_threads}.pp"):
+            at_cal = _predict(probe_path, machine, n_threads, lp.get("n_prompt") or CALIBRATE_N_PROMPT)[3]
+            pp_ref = level[f"{n_threads}.pp"] * (pp / at_cal if at_cal else 1.0)  # its speed at calibrate's length x the length's effect
+    return tg_ref, pp_ref
 
 
 def _predict(path: str, machine, n_threads: int, n_prompt: int):
@@ -711,7 +738,7 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
     n_threads = n_threads or physical_cores()
     jobs = [(m, p, toy_model(m, p)) for m in models for p in presets] + [(os.path.basename(g), None, g) for g in gguf_paths]
     probe_path = level_probe() if probe else None
-    probe_pred = _predict(probe_path, machine, n_threads, n_prompt) if probe_path else None
+    probe_ref = probe_reference(probe_path, machine, n_threads, n_prompt) if probe_path else None
 
     runs: dict[int, BenchResult] = {}
     for _ in range(rounds - 1):  # the earlier rounds; the last one below, row by row
@@ -726,8 +753,8 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
         with realtime(rt):
             got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path, flash_attn=flash_attn)
         measured = runs[i].merged(got) if i in runs else got
-        if probe_pred:  # a slow spell: repeat (2 at a time, up to 3x the repetitions) until enough ran at level
-            floors = {"tg": FAST_LEVEL * probe_pred[2].tok_s, "pp": FAST_LEVEL * probe_pred[3] if probe_pred[3] else None}
+        if probe_ref:  # a slow spell: repeat (2 at a time, up to 3x the repetitions) until enough ran at level
+            floors = {"tg": FAST_LEVEL * probe_ref[0], "pp": FAST_LEVEL * probe_ref[1] if probe_ref[1] else None}
             need = min(AT_LEVEL_MIN, repetitions)
             for _ in range(repetitions):
                 if all(measured.at_level(m, f) >= need for m, f in floors.items() if f and measured.samples(m)):
@@ -737,8 +764,8 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
         pm_pp, pm_tg, why = _predict_with_perf_model(path, machine, n_prompt, n_gen)
         row = ValidationRow(name, preset, sum(_n_elements(t) for t in _tensors(spec)), sum(by_type.values()), n_threads,
                             measured, limits, pp, pm_pp, pm_tg, why, rates_label(machine.ram),
-                            probe_predicted_pp=probe_pred[3] if probe_pred else None,
-                            probe_predicted_tg=probe_pred[2].tok_s if probe_pred else None)
+                            probe_reference_pp=probe_ref[1] if probe_ref else None,
+                            probe_reference_tg=probe_ref[0] if probe_ref else None)
         rows.append(row)
         if on_row:
             on_row(row)
