@@ -281,9 +281,13 @@ def _llama_cpp_round(types, shapes, threads, n_gen, n_prompt, repeats, rt, direc
 
     steps = []
     quick = tuple(t for t in types if t in QUICK_TYPES)
-    for model in (*shapes, STREAM_MODEL):
-        cfg = TOY_MODELS[model]
-        for ty in (types if model != STREAM_MODEL else STREAM_TYPES + quick):
+    # one type on every shape, then the next: a shared VM's speed moves within minutes, and a type's
+    # rate is fitted on its runs of both shapes (and toy-stream), so they are timed back to back
+    # (by shape first, toy-thin Q4_0 / toy-wide Q4_0 prefill came out 0.82 at calibrate and 1.03
+    # four minutes later, 2026-12-01)
+    for ty in (*types, *(t for t in STREAM_TYPES if t not in types)):
+        for model in (*(m for m in shapes if ty in types), *((STREAM_MODEL,) if ty in STREAM_TYPES + quick else ())):
+            cfg = TOY_MODELS[model]
             block = ggml_type(ty).block_size
             if cfg.n_embd % block or cfg.n_ff % block or (cfg.n_head_kv * cfg.head_dim) % block:
                 continue  # llama.cpp would fall back to another type for some rows
