@@ -592,8 +592,8 @@ class ValidationRow:
         for m in ("pp", "tg"):
             floor = self.level_floor(m)
             if floor and self.measured._pairs(m) and not self.measured.at_level(m, floor):
-                out.append(f"{m}: the probe never reached {FAST_LEVEL:.0%} of its speed at calibrate (the machine ran slower than "
-                           "at calibrate throughout): scored by the speed relative to it")
+                out.append(f"{m}: the probe never reached {FAST_LEVEL:.0%} of its reference speed (its speed at calibrate, or "
+                           "its prediction without one; the machine ran slower throughout): scored by the speed relative to it")
         return tuple(out)
 
 
