@@ -138,3 +138,36 @@ def test_command_lines_follow_the_settings_and_copy(page):
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
     page.locator(f"#{FIG} [data-testid=cmd-yours] button").click()
     assert page.evaluate("() => navigator.clipboard.readText()") == yours
+
+
+def test_an_answer_in_flight_when_a_control_changes_is_never_drawn(page):
+    """The race behind a once-seen flake of the test above: an answer asked for before the -ngl
+    slider moved (auto -ngl) arrives after the move but before the new request leaves (a change
+    waits 60 ms to gather the next ones). It must not be drawn, and data-pending must stay "1"
+    until the answer to the new settings is drawn. The page's own fetch and setTimeout are held
+    so the order is exact: the stale answer is released while the new request is still waiting."""
+    set_controls(page, model="qwen2.5-14b", machine="rtx3060", n_ctx="32768")  # auto -ngl
+    state = page.evaluate("""async () => {
+      const sec = document.querySelector('#fig-calc'), form = sec.querySelector('form');
+      const realFetch = window.fetch, realTimeout = window.setTimeout, held = [], timers = [];
+      const sleep = (ms) => new Promise((r) => realTimeout(r, ms));
+      window.fetch = (...a) => new Promise((resolve) => held.push(() => realFetch(...a).then(resolve)));
+      form.elements.kv_type.value = 'q8_0';
+      form.elements.kv_type.dispatchEvent(new Event('change', {bubbles: true}));  // an answer with auto -ngl is asked for
+      while (!held.length) await sleep(10);
+      window.setTimeout = (fn) => { timers.push(fn); return 0; };  // the next request waits until released
+      const s = form.elements.n_gpu_layers;
+      s.value = '30'; s.dispatchEvent(new Event('input', {bubbles: true}));
+      window.fetch = realFetch;
+      await Promise.all(held.map((go) => go()));  // the stale answer arrives
+      await sleep(300);
+      const out = {pending: sec.dataset.pending, cmd: (sec.querySelector('[data-testid=cmd-yours] code') || {}).innerText || ''};
+      window.setTimeout = realTimeout;
+      timers.forEach((fn) => fn());  // now the request for -ngl 30 leaves
+      return out;
+    }""")
+    assert state["pending"] == "1", state  # the stale answer did not end the wait
+    assert "-ctk q8_0" not in state["cmd"], state  # nor was it drawn (it asked for q8_0 KV with auto -ngl)
+    settle(page, FIG)
+    yours = page.locator(f"#{FIG} [data-testid=cmd-yours] code").inner_text()
+    assert "-ngl 30" in yours and "-ctk q8_0 -ctv q8_0" in yours, yours

@@ -205,7 +205,9 @@ function wire(section, render) {
     } catch (err) { if (my === seq) showError(section, err); }
     if (my === seq) section.dataset.pending = "0";
   };
-  const schedule = () => { section.dataset.pending = "1"; clearTimeout(timer); timer = setTimeout(run, 60); };
+  // a change supersedes the answer in flight at once (seq++): drawn after it, that answer would show
+  // the settings before the change and clear data-pending while the new one is still to come
+  const schedule = () => { seq++; section.dataset.pending = "1"; clearTimeout(timer); timer = setTimeout(run, 60); };
   section.addEventListener("input", (e) => { if (e.target.closest("form")) schedule(); });
   section.addEventListener("change", (e) => { if (e.target.closest("form")) schedule(); });
   return run;
