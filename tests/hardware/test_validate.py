@@ -118,11 +118,12 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     toy-wide and toy-stream; then llama.cpp runs models that were not in the fit, a toy of another
     shape (toy-200m, d 1024, 12 layers) as Q4_K_M and Q8_0 and the real SmolLM2-135M Q4_1 file
     (thin and deep, a tied Q8_0 head), on every core, and every figure (decode and prefill) is
-    within 35 % and the median within 15 % (the target, every figure within 15 %, is not reached;
-    see below) of the prediction made with the calibrated profile, whose id the rows name.
-    Each repetition on both sides runs between two runs of the level probe (toy-wide Q4_K): this
-    VM's speed moves by a fifth within seconds, and a figure is scored at the level its probe saw
-    (ValidationRow.matched_error); the error against the fastest repetition is shown beside it.
+    within 40 % and the median within 15 % (the target, every figure within 15 %, is not claimed
+    for this short run; see below) of the prediction made with the calibrated profile, whose id the
+    rows name. Each repetition on both sides runs between two runs of the level probe (toy-wide
+    Q4_K): this VM's speed moves by a fifth within seconds, and a figure is its speed relative to
+    the probe, at the probe's calibrated level (ValidationRow.matched_error); the error against the
+    fastest repetition is shown beside it.
     At real-time priority when allowed (root), as on a shared machine it must be."""
     pytest.importorskip("llama_cpp")
     from click.testing import CliRunner
@@ -151,21 +152,17 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
             table.append((r.model[:16], r.preset, metric, round(r.measured.best(metric), 1), round(r.matched_error(metric), 3),
                           round(r.pp_error if metric == "pp" else r.tg_error, 3), round(r.level(metric) or 0, 2)))
     errors = sorted(abs(t[4]) for t in table)
-    # the target is 15 % for every figure; the full runs (every type, 13 held-out models x decode and
-    # prefill, README's published errors) reached 20-25 of 26 within it on this Zen 5 VM on
-    # 2026-12-01, worst +18 ... +31 %, mostly thin deep models decoding on 2 threads and prefill, both
-    # predicted fast. This short version fits four types on fewer repetitions on whatever machine CI
-    # lends (in a clean-clone dry run, amid the whole suite: SmolLM2 decode +30.2 %, toy-200m Q4_K_M
-    # decode +24.2 %, their prefill +8.4 and +5.5 %), so it guards what the model does reach: the median
-    # figure within 15 % and none past 35 %, still far inside what the stored reference of another
-    # microarchitecture gives here (decode -19 ... -41 %, prefill to -58 %). Since a repetition is at
-    # level against the probe's speed at calibrate (not its prediction), this short run amid the suite
-    # gave a median of 17.5 % and prefill +37 % / +34 % at level (+17 % against the fastest
-    # repetition; clean-clone dry run of c853c54), and the next dry run -28 % / -31 % decode and +42 %
-    # prefill at level (median above 20 %): a short run amid the suite swings both ways on this VM.
-    # The bounds (median within 35 %, none past 60 %) only guard that calibrate + validate run end to
-    # end and land in the range of a calibrated machine; they are not the issue's target
-    assert errors[len(errors) // 2] <= 0.35 and errors[-1] <= 0.60, table
+    # Every figure is taken relative to the probe around each repetition on both sides (calibrate
+    # and validate), so a spell that slows the whole machine cancels out. The rule before it (only
+    # the repetitions whose probe ran within 90 % of its calibrate speed, their median) failed this
+    # test in CI twice: a calibration that caught a slow spell gave toy-200m Q4_K_M decode -53 % and
+    # a figure past 60 % (2026-12-02 CI; before it, +42 % prefill in a dry run). Alone on this Zen 5
+    # VM with the machine at 0.58-0.86 of its calibrate level (2026-12-02 03:15 UTC): -0.7, +13.7,
+    # -6.7, +6.9, +2.0, +13.5 % (decode and prefill of the three rows), where against the fastest
+    # repetition +9 ... +35 %. What stays: spells that slow a thin model waiting on its threads more
+    # than the wide probe (full runs: worst +20 ... +22 %, toy-smol Q4_0 decode, toy-290m Q4_0 prefill).
+    # So the short run guards the issue's 15 % on the median figure, and none past 40 %.
+    assert errors[len(errors) // 2] <= 0.15 and errors[-1] <= 0.40, (profile["host"]["cpu"], "\n".join(map(str, table)))
 
 
 @pytest.mark.slow
@@ -385,14 +382,15 @@ def test_decode_bandwidth_comes_from_the_f32_stream_toy_even_above_calibrates_nu
     assert lim.dominant == "per-core compute" and lim.tok_s == pytest.approx(1 / (200e6 / 50e9 + 12 * 80e-6))
 
 
-def test_a_row_is_scored_at_the_speed_level_its_probe_saw():
-    """The model predicts 330 tok/s for a row; the probe ran 600 at calibrate; a repetition ran at
-    the calibrated level when the probe around it reached 0.9 x 600 = 540. One row ran 300 tok/s with
-    the probe at 600, then 225 with the probe at 450 (a slow spell): only the first counts, so the
-    error at level is 330 / 300 - 1 = +10 % (the median of the repetitions at level). Another row
-    caught the slow spell throughout (225 and 230, probe 450 and 460): none ran at level, so its
-    speed relative to the probe (0.5 both times) x the probe's calibrated speed stands in, 330 / 300 - 1
-    = +10 % again, and the row says so; against its fastest repetition it would be +43.5 %."""
+def test_a_row_is_scored_on_its_speed_relative_to_the_probe():
+    """The model predicts 330 tok/s for a row; the probe ran 600 at calibrate. One row ran 300 tok/s
+    with the probe at 600, then 225 with the probe at 450 (a slow spell that slowed both alike): its
+    speed relative to the probe is 0.5 both times, so it ran 0.5 x 600 = 300 at the calibrated level
+    and the error is 330 / 300 - 1 = +10 %. Another row caught the spell throughout (225 and 230,
+    probe 450 and 460: 0.5 both times again): +10 % as well, where against its fastest repetition
+    it would be +43.5 %, and it says the probe never reached 90 % of its calibrated speed. A third
+    ran 300 beside a probe at 600 and 300 beside 500 (the spell slowed the probe, not the model:
+    0.5 and 0.6, median 0.55): 330 / (600 x 0.55) - 1 = 0."""
     def row(tg, probe):
         measured = v.BenchResult("x.gguf", 2, 0, 64, (), tg, (), (), probe, "probe.gguf")
         limits = v.DecodeLimits(memory_s=1 / 330, compute_s=0.0, overhead_s=0.0, eta=1.0, bandwidth_gbs=40.0)
@@ -408,6 +406,8 @@ def test_a_row_is_scored_at_the_speed_level_its_probe_saw():
     assert slow.matched_error("tg") == pytest.approx(330 / (600 * 0.5) - 1)
     assert slow.tg_error == pytest.approx(330 / 230 - 1)
     assert any("tg: the probe never reached 90% of its reference speed (its speed at calibrate" in f for f in slow.flags)
+    uneven = row((300.0, 300.0), (600.0, 500.0))
+    assert uneven.matched_error("tg") == pytest.approx(0.0, abs=1e-12)
     bare = _row(tg=(100.0, 98.0), pp=(1000.0, 990.0), predicted_tg=110.0)  # no probe: scored against the best
     assert bare.matched_error("tg") is None and bare.scored_error("tg") == pytest.approx(0.1)
     a = v.BenchResult("x.gguf", 2, 0, 64, (), (300.0,), (), (), (600.0,), "probe.gguf")

@@ -154,9 +154,10 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
              n_prompt: int, n_gen: int, realtime: bool, no_profile: bool, rounds: int, no_probe: bool, as_json: bool) -> None:
     """Measured vs predicted prefill and decode tokens/s on this machine, llama-bench style. Each
     repetition runs between two runs of a level probe (a model the rates were fitted on), and a row
-    is scored on the repetitions that ran while the probe ran at the calibrated level ("at level");
-    the fastest repetition is shown and scored against too ("vs best"). Rows whose repetitions
-    disagree, or that never ran at level, are flagged."""
+    is scored on its speed relative to the probe around each repetition, carried to the probe's
+    calibrated speed ("vs probe"); the fastest repetition is shown and scored against too ("vs
+    best"). Rows whose repetitions disagree, or whose probe never reached 90 % of its calibrated
+    speed, are flagged."""
     from ..api import validate as validate_api
 
     model_list = tuple(m for m in models.split(",") if m)
@@ -183,8 +184,8 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
     t = Table(title=f"llama.cpp on this machine vs inferlab ({rows[0].n_threads if rows else '?'} threads, best of {repetitions})",
               title_justify="left")
     probed = any(r.matched_error("tg") is not None or r.matched_error("pp") is not None for r in rows)
-    cols = ["model", "preset", "MB/tok", f"pp{n_prompt}", "pred.", "vs best"] + (["at level"] if probed else []) \
-        + [f"tg{n_gen}", "pred.", "vs best"] + (["at level", "level"] if probed else []) + ["perf_model", "limit", "flag"]
+    cols = ["model", "preset", "MB/tok", f"pp{n_prompt}", "pred.", "vs best"] + (["vs probe"] if probed else []) \
+        + [f"tg{n_gen}", "pred.", "vs best"] + (["vs probe", "level"] if probed else []) + ["perf_model", "limit", "flag"]
     for col in cols:
         t.add_column(col, justify="left" if col in ("model", "preset", "limit", "flag") else "right", no_wrap=col == "model")
 
@@ -212,15 +213,16 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
         if r.perf_model_note:
             con.print(f"[dim]perf_model: {r.perf_model_note}[/]")
         if probed:
-            con.print("at level: predicted / the median of the repetitions whose probe ran within 90 % of its speed at calibrate - 1 "
-                      "(level = the probe's decode speed here / at calibrate; its prediction where the rates have no calibrate figure)")
+            con.print("vs probe: predicted / (the probe's speed at calibrate x the median of this model's speed / the probe's around "
+                      "each repetition) - 1 (level = the probe's decode speed here / at calibrate; its prediction where the rates have "
+                      "no calibrate figure)")
         scored = [abs(e) for x in rows for e, m in ((x.scored_error("tg") if x.measured.tg_tok_s else None, "tg"),
                                                      (x.scored_error("pp") if x.measured.pp_tok_s else None, "pp"))
                   if e is not None and (probed or not x.unstable(m))]
         flagged = 0 if probed else sum(len(x.flags) for x in rows)
         if scored:
             worst = max(scored)
-            con.print(f"worst error {'at level' if probed else 'vs best'} over {len(scored)} figures: {worst:.0%} "
+            con.print(f"worst error {'vs probe' if probed else 'vs best'} over {len(scored)} figures: {worst:.0%} "
                       f"({'within' if worst <= 0.15 else 'outside'} 15 %); {sum(e <= 0.15 for e in scored)} of {len(scored)} within 15 %"
                       + (f"; {flagged} figure(s) flagged: their repetitions disagree, so they are not scored" if flagged else ""))
         elif flagged:
