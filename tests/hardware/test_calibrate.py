@@ -273,9 +273,9 @@ def test_fit_decode_leaves_out_runs_that_memory_held_and_weighs_the_uneven_split
 
 def test_the_fit_takes_every_figure_at_the_level_probes_fastest_level(monkeypatch):
     """The machine runs at two levels, 1.0 and 0.75, and the probe timed around each repetition saw
-    it: 600 tok/s (2 threads) at 1.0. A figure is its speed relative to the probe around each
-    repetition (the median) x the probe's level (600): toy A caught level 1.0 twice and 0.75
-    twice, toy B never ran at 1.0; both come back at 1.0. Truth at 1.0:
+    it: 600 tok/s (2 threads) at 1.0. A figure is the median of its repetitions whose probe ran
+    within 90 % of the probe's level (600): toy A caught level 1.0 twice. Toy B never did: its
+    speed relative to the probe (0.75 x / 0.75 x) x the probe's level stands in. Truth at 1.0:
     60 us a layer, Q4_K 50 GB/s; A 24 layers 52 MB (1 / (24 x 60e-6 + 52e6 / 50e9) = 403.2
     tok/s), B 6 layers 72 MB (553.1 tok/s): the fit gives the machine back. A fit on the fastest
     repetitions alone takes A at 1.0 and B at 0.75 and does not."""

@@ -545,12 +545,13 @@ class ValidationRow:
     def matched_error(self, metric: str) -> float | None:
         """The prediction against this row's speed relative to the level probe timed around each of its
         repetitions: predicted / (the probe's speed at the calibrated level x the median over the
-        repetitions of this model's speed / the probe's around it) - 1. Calibrate stores every figure the
-        same way (calibrate.llama_cpp_reference), so a spell that slows the whole machine, during
-        calibrate or here, cancels out. Chosen over keeping only the repetitions whose probe reached
-        FAST_LEVEL (session 8's rule: 25, 22, 22 of 26 within 15 % on its three full runs, where this
-        ratio gives 26, 25, 25; median 3.8-5.2 %) and over the fastest repetition (7, 23, 23 of 26):
-        a short CI run whose calibrate caught a slow spell scored -53 % at level against the median."""
+        repetitions of this model's speed / the probe's around it) - 1. Calibrate's figures stand at
+        the probe's level_tok_s (calibrate.llama_cpp_reference), so a spell that slows the whole machine
+        here, or a calibration that ran slow throughout (its probe too), cancels out. Chosen over
+        keeping only the repetitions whose probe reached FAST_LEVEL (session 8's rule: 25, 22, 22 of 26
+        within 15 % on its three full runs, where this ratio gives 26, 25, 25; median 3.8-5.2 %) and over
+        the fastest repetition (7, 23, 23 of 26): a short CI run whose calibrate caught a slow spell
+        scored -53 % at level against the median."""
         pred, rel, ref = self.predicted(metric), self.measured.relative(metric), self.probe_reference(metric)
         return None if pred is None or rel is None or not ref else pred / (ref * rel) - 1.0
 
