@@ -6,7 +6,11 @@ types and shapes. None skips on this machine's speed or ISA class (issue 18 clas
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import statistics
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -126,32 +130,40 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     fastest repetition is shown beside it.
     At real-time priority when allowed (root), as on a shared machine it must be."""
     pytest.importorskip("llama_cpp")
-    from click.testing import CliRunner
-
-    from inferlab.cli.main import cli
     from inferlab.hardware.calibrate import load_profile, profile_id
 
     smol = _smollm2_gguf()
-    rt = _can_realtime()
-    res = CliRunner().invoke(cli, ["calibrate", "--engine", "llama.cpp", "--types", "Q4_1,Q8_0,Q4_K,Q6_K", "--n-gen", "64",
-                                   "--n-prompt", "128", "--repeats", "2", "--size-mib", "128", "--accept-noisy", "--json"]
-                             + (["--realtime"] if rt else []))
-    assert res.exit_code == 0, res.output
+    rt = ["--realtime"] if _can_realtime() else []
+
+    def inferlab(*args: str) -> str:  # the command line in a process of its own, as a user runs it: none of
+        # the threads the suite's earlier tests leave in this one (vLLM's and SGLang's schedulers, torch's pools)
+        p = subprocess.run([sys.executable, "-m", "inferlab.cli.main", *args], capture_output=True, text=True, timeout=1200)
+        assert p.returncode == 0, (args, p.stdout[-3000:], p.stderr[-3000:])
+        return p.stdout
+
+    inferlab("calibrate", "--engine", "llama.cpp", "--types", "Q4_1,Q8_0,Q4_K,Q6_K", "--n-gen", "64", "--n-prompt", "128",
+             "--repeats", "2", "--size-mib", "128", "--accept-noisy", "--json", *rt)
     profile = load_profile()
     ref = profile["llama_cpp"]["reference"]
     assert set(ref["per_core_bytes_per_s"]) == {"Q4_1", "Q8_0", "Q4_K", "Q6_K"}
     assert {m["model"] for m in ref["measurements"]} == set(v.FIT_MODELS) | {v.STREAM_MODEL}  # the fit saw these shapes only
     assert ref["level_probe"]["best_tok_s"]  # every figure was timed beside the probe
-    rows = v.validate_llama_cpp(models=("toy-200m",), presets=("Q4_K_M", "Q8_0"), gguf_paths=(smol,), repetitions=3,
-                                n_prompt=128, n_gen=64, rt=rt)  # the lengths calibrate measured: llama.cpp's kernels change with the batch
+    rows = json.loads(inferlab("validate", "--models", "toy-200m", "--presets", "Q4_K_M,Q8_0", "--gguf", smol, "--repetitions", "3",
+                               "--n-prompt", "128", "--n-gen", "64", "--json", *rt))  # the lengths calibrate measured: llama.cpp's kernels change with the batch
+    assert [(r["model"], r["preset"]) for r in rows] == [("toy-200m", "Q4_K_M"), ("toy-200m", "Q8_0"), (os.path.basename(smol), "Q4_1")]
     table = []
     for r in rows:
-        assert profile_id(profile) in r.rates and profile["date"] in r.rates  # the prediction says which profile
+        assert profile_id(profile) in r["rates"] and profile["date"] in r["rates"]  # the prediction says which profile
         for metric in ("tg", "pp"):
-            assert r.matched_error(metric) is not None  # the probe ran beside every row
-            table.append((r.model[:16], r.preset, metric, round(r.measured.best(metric), 1), round(r.matched_error(metric), 3),
-                          round(r.pp_error if metric == "pp" else r.tg_error, 3), round(r.level(metric) or 0, 2)))
+            assert r[f"{metric}_matched_error"] is not None  # the probe ran beside every row
+            # the error vs the probe by hand: predicted / (the probe's speed at calibrate x the median of speed / probe) - 1
+            rel = statistics.median(a / b for a, b in zip(r[f"{metric}_samples"], r[f"{metric}_probe_samples"]))
+            probe_at_calibrate = statistics.median(r[f"{metric}_probe_samples"]) / r[f"{metric}_level"]
+            assert r[f"{metric}_matched_error"] == pytest.approx(r[f"{metric}_predicted"] / (probe_at_calibrate * rel) - 1)
+            table.append((r["model"][:16], r["preset"], metric, round(r[f"{metric}_measured"], 1), round(r[f"{metric}_matched_error"], 3),
+                          round(r[f"{metric}_error"], 3), round(r[f"{metric}_level"], 2)))
     errors = sorted(abs(t[4]) for t in table)
+    print("\n".join(map(str, table)))  # noqa: T201 (shown with -s)
     # A row is scored by its speed relative to the probe around each repetition, carried to the
     # probe's level at calibrate, so a spell that slows the whole machine here, or a calibration that
     # ran slow throughout, cancels out. The rule before it (only the repetitions whose probe ran
@@ -162,8 +174,11 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     # probe then): -0.7, +13.7, -6.7, +6.9, +2.0, +13.5 % (decode and prefill of the three rows), where
     # against the fastest repetition +9 ... +35 %. What stays: spells that slow a thin model waiting on
     # its threads more than the wide probe, and the full runs' bias of 2026-12-02 (every figure
-    # predicted fast, median +8 ... +10 %, worst +19 / +20 %). So the short run guards the issue's
-    # 15 % on the median figure, and none past 40 %.
+    # predicted fast, median +8 ... +10 %, worst +19 / +20 %). Run in the suite's own process (the
+    # CLI through CliRunner), a clean-clone dry run of 3f18d80 gave decode -26.5 % and -21.9 %
+    # (predicted slow; prefill -11 % and -2 %) where the same test alone gave -0.7 % and +2.0 %:
+    # hence the fresh processes above. So the short run guards the issue's 15 % on the median
+    # figure, and none past 40 %.
     assert errors[len(errors) // 2] <= 0.15 and errors[-1] <= 0.40, (profile["host"]["cpu"], "\n".join(map(str, table)))
 
 
