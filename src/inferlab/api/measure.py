@@ -82,7 +82,8 @@ class ValidationRow:
     perf_model_tg_error: float | None
     perf_model_note: str
     # with the level probe (validate's default): its speeds around each repetition, the machine's
-    # speed level against calibrate (the probe here / at calibrate), and the errors at that level
+    # speed level against calibrate (the probe here / at calibrate), and the errors vs the probe
+    # (a row's speed relative to the probe around each repetition, at the probe's calibrate speed)
     pp_probe_samples: tuple[float, ...] = ()
     tg_probe_samples: tuple[float, ...] = ()
     pp_level: float | None = None
