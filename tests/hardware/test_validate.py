@@ -135,8 +135,8 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     smol = _smollm2_gguf()
     rt = ["--realtime"] if _can_realtime() else []
 
-    def inferlab(*args: str) -> str:  # the command line in a process of its own, as a user runs it: none of
-        # the threads the suite's earlier tests leave in this one (vLLM's and SGLang's schedulers, torch's pools)
+    def inferlab(*args: str) -> str:  # the command line in a process of its own, as a user runs it: nothing
+        # the suite's earlier tests left in pytest's process (memory, the engines they imported) weighs on it
         p = subprocess.run([sys.executable, "-m", "inferlab.cli.main", *args], capture_output=True, text=True, timeout=1200)
         assert p.returncode == 0, (args, p.stdout[-3000:], p.stderr[-3000:])
         return p.stdout
@@ -177,8 +177,10 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     # predicted fast, median +8 ... +10 %, worst +19 / +20 %). Run in the suite's own process (the
     # CLI through CliRunner), a clean-clone dry run of 3f18d80 gave decode -26.5 % and -21.9 %
     # (predicted slow; prefill -11 % and -2 %) where the same test alone gave -0.7 % and +2.0 %:
-    # hence the fresh processes above. So the short run guards the 15 % on the median
-    # figure, and none past 40 %.
+    # hence the fresh processes above (not diagnosed further: after tests/conformance pytest's
+    # process held 4 threads, and this test then gave +7.6, +8.5, -24.2, +3.7, -4.4, +0.6 %; the
+    # full clean-clone dry run of 9fc0e16 passed). So the short run guards the 15 % on the
+    # median figure, and none past 40 %.
     threads_here = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None  # what the suite left in pytest's process
     assert errors[len(errors) // 2] <= 0.15 and errors[-1] <= 0.40, (profile["host"]["cpu"], f"{threads_here} threads in pytest's process",
                                                                        "\n".join(map(str, table)))
