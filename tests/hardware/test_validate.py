@@ -183,8 +183,10 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     # full clean-clone dry run of 9fc0e16 passed). Then the same test alone, in fresh processes,
     # gave decode -33.1 % (toy-200m Q4_K_M) and -33.7 % (SmolLM2), predicted slow, median 33 %
     # (2026-12-02 05:15 UTC): the short calibration (4 types, --repeats 2) itself sometimes comes
-    # out a third slow for decode, in 2 of the 6 short runs scored vs the probe. Until that is
-    # found, the bounds (median within 40 %, none past 60 %) only guard that calibrate + validate
+    # out a third slow for decode, in 2 of the 6 short runs scored vs the probe: its 2-thread fit
+    # put 111 us a layer on the per-layer overhead (full calibration: 49-52 us) and 2-thread rates of
+    # 53-663 GB/s (full: ~35-42), the least squares on 4 types x 3 shapes leaning on the overhead.
+    # Until fit_decode is constrained (rate at t threads <= t x the 1-thread rate), the bounds (median within 40 %, none past 60 %) only guard that calibrate + validate
     # run end to end and land in a calibrated machine's range; the 15 % is not claimed here.
     assert errors[len(errors) // 2] <= 0.40 and errors[-1] <= 0.60, (profile["host"]["cpu"], f"{threads_here} threads in pytest's process",
                                                                        "\n".join(map(str, table)))
