@@ -302,3 +302,19 @@ def test_the_fit_takes_every_figure_at_the_level_probes_fastest_level(monkeypatc
     for f in runs.values():  # without the probe the fastest repetitions disagree with one machine
         f["Q4_K"]["2"]["tg"]["extra"].pop("probe")
     assert cal.llama_cpp_reference(profile)["overhead_s_per_layer_by_threads"]["2"] != pytest.approx(60e-6, rel=0.05)
+
+
+def test_two_threads_never_fit_more_than_twice_one_threads_rate():
+    """A type's 2-thread rate is held at 2 x its 1-thread rate, the rest refitted. Truth: 1 thread,
+    30 us a layer, Q4_K 20 GB/s, Q8_0 25 GB/s; 2 threads, 50 us a layer, Q8_0 45 GB/s and Q4_K
+    timed as if 80 GB/s (4x one core: what a short calibration's least squares produced, 2627 GB/s
+    beside 26, by moving the type's bytes onto the overhead). The fit gives Q4_K 2 x 20 = 40 GB/s at
+    2 threads and keeps Q8_0 within the refit; 1 thread is as timed."""
+    shapes = ((24, 52e6), (6, 72e6))
+    truth = {1: (30e-6, {"Q4_K": 20e9, "Q8_0": 25e9}), 2: (50e-6, {"Q4_K": 80e9, "Q8_0": 45e9})}
+    runs = [{"threads": t, "n_layer": nl, "bytes_by_type": {ty: b}, "s_per_token": nl * o + b / rates[ty]}
+            for t, (o, rates) in truth.items() for ty in rates for nl, b in shapes]
+    fit = cal.fit_decode(runs)
+    assert fit[1]["rate_bytes_per_s"] == pytest.approx({"Q4_K": 20e9, "Q8_0": 25e9}) and fit[1]["overhead_s_per_layer"] == pytest.approx(30e-6)
+    assert fit[2]["rate_bytes_per_s"]["Q4_K"] == pytest.approx(40e9)
+    assert fit[2]["rate_bytes_per_s"]["Q8_0"] < 50e9  # within 2 x 25 GB/s as well

@@ -123,8 +123,8 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     shape (toy-200m, d 1024, 12 layers) as Q4_K_M and Q8_0 and the real SmolLM2-135M Q4_1 file
     (thin and deep, a tied Q8_0 head), on every core, and every figure (decode and prefill) is
     within 60 % and the median within 40 % (a smoke guard: the target, every figure within 15 %,
-    is not claimed for this short run; see below) of the prediction made with the calibrated profile, whose id the
-    rows name. Each repetition on both sides runs between two runs of the level probe (toy-wide
+    is not claimed for this short run; see below) of the prediction made with the calibrated
+    profile, whose id the rows name. Each repetition on both sides runs between two runs of the level probe (toy-wide
     Q4_K): this VM's speed moves by a fifth within seconds, and a figure is its speed relative to
     the probe, at the probe's calibrated level (ValidationRow.matched_error); the error against the
     fastest repetition is shown beside it.
@@ -135,8 +135,7 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     smol = _smollm2_gguf()
     rt = ["--realtime"] if _can_realtime() else []
 
-    def inferlab(*args: str) -> str:  # the command line in a process of its own, as a user runs it: nothing
-        # the suite's earlier tests left in pytest's process (memory, the engines they imported) weighs on it
+    def inferlab(*args: str) -> str:  # the command line in a process of its own, as a user runs it
         p = subprocess.run([sys.executable, "-m", "inferlab.cli.main", *args], capture_output=True, text=True, timeout=1200)
         assert p.returncode == 0, (args, p.stdout[-3000:], p.stderr[-3000:])
         return p.stdout
@@ -163,33 +162,26 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
             table.append((r["model"][:16], r["preset"], metric, round(r[f"{metric}_measured"], 1), round(r[f"{metric}_matched_error"], 3),
                           round(r[f"{metric}_error"], 3), round(r[f"{metric}_level"], 2)))
     errors = sorted(abs(t[4]) for t in table)
-    threads_here = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None  # what the suite left in pytest's process
-    print("\n".join(map(str, table)), f"\nthreads in pytest's process: {threads_here}")  # noqa: T201 (shown with -s)
+    print("\n".join(map(str, table)))  # noqa: T201 (shown with -s)
     # A row is scored by its speed relative to the probe around each repetition, carried to the
     # probe's level at calibrate, so a spell that slows the whole machine here, or a calibration that
-    # ran slow throughout, cancels out. The rule before it (only the repetitions whose probe ran
-    # within 90 % of its calibrate speed, their median) failed this test in CI twice: a calibration
-    # that caught a slow spell gave toy-200m Q4_K_M decode -53 % and a figure past 60 % (2026-12-02
-    # CI; before it, +42 % prefill in a dry run). Alone on this Zen 5 VM with the machine at
-    # 0.58-0.86 of its calibrate level (2026-12-02 03:15 UTC, calibrate scaling every figure by the
-    # probe then): -0.7, +13.7, -6.7, +6.9, +2.0, +13.5 % (decode and prefill of the three rows), where
-    # against the fastest repetition +9 ... +35 %. What stays: spells that slow a thin model waiting on
-    # its threads more than the wide probe, and the full runs' bias of 2026-12-02 (25 of 26 figures
-    # predicted fast, median +8 ... +10 %, worst +19 / +20 %). Run in the suite's own process (the
-    # CLI through CliRunner), a clean-clone dry run of 3f18d80 gave decode -26.5 % and -21.9 %
-    # (predicted slow; prefill -11 % and -2 %) where the same test alone gave -0.7 % and +2.0 %:
-    # hence the fresh processes above (not diagnosed further: after tests/conformance pytest's
-    # process held 4 threads, and this test then gave +7.6, +8.5, -24.2, +3.7, -4.4, +0.6 %; the
-    # full clean-clone dry run of 9fc0e16 passed). Then the same test alone, in fresh processes,
-    # gave decode -33.1 % (toy-200m Q4_K_M) and -33.7 % (SmolLM2), predicted slow, median 33 %
-    # (2026-12-02 05:15 UTC): the short calibration (4 types, --repeats 2) itself sometimes comes
-    # out a third slow for decode, in 2 of the 6 short runs scored vs the probe: its 2-thread fit
-    # put 111 us a layer on the per-layer overhead (full calibration: 49-52 us) and 2-thread rates of
-    # 53-663 GB/s (full: ~35-42), the least squares on 4 types x 3 shapes leaning on the overhead.
-    # Until fit_decode is constrained (rate at t threads <= t x the 1-thread rate), the bounds (median within 40 %, none past 60 %) only guard that calibrate + validate
-    # run end to end and land in a calibrated machine's range; the issue's 15 % is not claimed here.
-    assert errors[len(errors) // 2] <= 0.40 and errors[-1] <= 0.60, (profile["host"]["cpu"], f"{threads_here} threads in pytest's process",
-                                                                       "\n".join(map(str, table)))
+    # ran slow throughout, cancels out (the rule before it, the median of the repetitions whose probe
+    # ran within 90 % of its calibrate speed, failed this test in CI twice: toy-200m Q4_K_M decode
+    # -53 %, a figure past 60 %). Scored so, 7 short runs on this Zen 5 VM (2026-12-02: alone, amid
+    # the suite, in clean-clone dry runs) passed 15 % on the median and 40 % on the worst in 5
+    # (worst 13.7 % and 24.2 % where printed) and failed in 2, decode predicted a third slow
+    # (-26.5 / -21.9 % in a dry run; -33.1 / -33.7 % alone, median 33 %). What tells them apart is
+    # the short calibration (4 types x 3 shapes, --repeats 2) leaning its 2-thread decode fit on the
+    # per-layer overhead: 111 us a layer and 2-thread rates of 53-663 GB/s in the failed run alone,
+    # 67, 81 and 98 us in three that passed, 49-52 us and ~35-42 GB/s in full calibrations (the
+    # failed dry run's profile was not kept). fit_decode now holds a rate at t threads to t x the
+    # 1-thread rate (a profile of a short run refitted so: 69 -> 52 us a layer, Q4_K 2627 -> 51 GB/s);
+    # the first short run with it, alone, gave -3.5, +16.6, -7.0, +0.7, +10.8, +3.1 % (52.6 us, machine
+    # at 0.64-0.71 of its calibrate level). Not yet dry-run in the suite: the bounds stay a smoke guard
+    # (median within 40 %, none past 60 %) that calibrate + validate run end to end and land in a
+    # calibrated machine's range; the issue's 15 % is not claimed here (README's published errors hold
+    # the full runs).
+    assert errors[len(errors) // 2] <= 0.40 and errors[-1] <= 0.60, (profile["host"]["cpu"], "\n".join(map(str, table)))
 
 
 @pytest.mark.slow

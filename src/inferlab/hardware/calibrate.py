@@ -379,6 +379,20 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
             if [r for r in every if r not in held] == sel or len(held) == len(every):
                 break
             sel, left_out = [r for r in every if r not in held], held
+        # t cores do at most t x one core's dequantize+dot work: a short calibration's least squares
+        # can push a type's bytes onto the per-layer overhead (2026-12-02: Q4_K at 2627 GB/s on 2 threads
+        # beside 26 GB/s on 1); such a rate is held at t x the 1-thread rate and the rest refitted
+        one, fixed = out.get(1, {}).get("rate_bytes_per_s", {}), {}
+        while t > 1:
+            new = {i: 1 / (t * one[k]) for i, k in enumerate(types, 1) if i not in fixed and k in one and 0 < x[i] < 1 / (t * one[k])}
+            if not new:
+                break
+            fixed.update(new)
+            free = [i for i in range(len(x)) if i not in fixed]
+            sub = least_squares([([row[i] for i in free], 1.0 - sum(row[i] * v for i, v in fixed.items())) for row, _ in rows])
+            x = [fixed.get(i, 0.0) for i in range(len(x))]
+            for i, v in zip(free, sub):
+                x[i] = v
         resid = [abs(sum(a * b for a, b in zip(row, x)) - 1) for row, _ in rows]
         rates = {k: 1 / v for k, v in zip(types, x[1:1 + len(types)]) if v > 0}
         for k in all_types:
