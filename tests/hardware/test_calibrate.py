@@ -142,7 +142,9 @@ def test_llama_cpp_reference_from_a_profile(monkeypatch):
     toy (F32, 15 layers, 280 MB, 2 threads): 15 x 80e-6 + 280e6 / 60e9 s a token, so llama.cpp
     reached 60 GB/s against the 42 GB/s numpy read: eta 60 / 42 = 1.43 (not capped); no fit run
     streams 0.9 x 60 = 54 GB/s, so none is left out as memory-bound. Prefill (2 threads, peak 0.4 TFLOP/s):
-    1 / pp = F / (share x 0.4e12) + n_layer x 20 us; Q4_0 share 0.9, Q8_0 0.6."""
+    1 / pp = F / (share x 0.4e12) + n_layer x n_embd x 20 ns; Q4_0 share 0.9, Q8_0 0.6 (toy-125m:
+    n_embd 768, 12 layers, 184 us of rest a token; toy-thin: 512, 24 layers, 246 us: a cost per
+    layer and token alone cannot fit both, so the shares come out right only with n_embd in)."""
     from inferlab.hardware import validate as v
 
     monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
@@ -152,14 +154,14 @@ def test_llama_cpp_reference_from_a_profile(monkeypatch):
         return cal.Measurement("x", "tok/s", (rate, rate), extra=extra).to_json()
 
     runs: dict = {}
-    for model, nl, scale in (("toy-125m", 12, 1.0), ("toy-thin", 24, 0.8)):
+    for model, nl, d, scale in (("toy-125m", 12, 768, 1.0), ("toy-thin", 24, 512, 0.8)):
         for ty, b, r1, r2, share in (("Q4_0", 50e6, 25e9, 40e9, 0.9), ("Q8_0", 90e6, 27e9, 45e9, 0.6)):
             bytes_ = {ty: b * scale}
             flops = 2 * 85e6 * scale
             runs.setdefault(model, {})[ty] = {
                 "1": {"tg": m(1 / (nl * 50e-6 + b * scale / r1), n_layer=nl, bytes_by_type=bytes_)},
                 "2": {"tg": m(1 / (nl * 80e-6 + b * scale / r2), n_layer=nl, bytes_by_type=bytes_),
-                      "pp": m(1 / (flops / (share * 0.4e12) + nl * 20e-6), n_layer=nl, prefill_flops_per_token=flops)}}
+                      "pp": m(1 / (flops / (share * 0.4e12) + nl * d * 20e-9), n_layer=nl, prefill_flops_per_token=flops)}}
     runs["toy-stream"] = {"F32": {"2": {"tg": m(1 / (15 * 80e-6 + 280e6 / 60e9), n_layer=15, bytes_by_type={"F32": 280e6})}}}
     profile = {"date": "2026-12-01T14:00:00+00:00", "host": {"cpu": "test CPU", "features": ["avx2"], "name": "box"},
                "cpu": {"read_bandwidth_gbs": {"2": {"best": 42.0, "median": 40.0}}}, "llama_cpp": {"runs": runs}}
@@ -170,7 +172,7 @@ def test_llama_cpp_reference_from_a_profile(monkeypatch):
     assert ref["decode_bw_eff"] == pytest.approx(60 / 42) and ref["decode_bw_achieved_gbs"] == pytest.approx(60.0)
     assert ref["left_out_memory_bound_by_threads"] == {}
     assert ref["prefill_eff_vs_fp32_peak_by_type"] == pytest.approx({"Q4_0": 0.9, "Q8_0": 0.6}, abs=1e-3)
-    assert ref["prefill_overhead_s_per_layer_token"] == pytest.approx(20e-6)
+    assert ref["prefill_overhead_s_per_layer_token_channel"] == pytest.approx(20e-9)
     assert ref["id"] == "box@20261201T1400Z" and "box@20261201T1400Z" in ref["provenance"] and ref["date"] in ref["provenance"]
 
 

@@ -371,3 +371,24 @@ def test_the_calibrated_speed_model_takes_the_cpus_own_decode_eta():
     p = place(MODELS["llama-2-7b"], machine, "Q4_K_M", n_ctx=640)
     d = decode_step_time(p, machine, 0, 1, CALIBRATED())["per_device"][0]
     assert d["memory_s"] == pytest.approx(d["bytes"] / (1.2 * ram.bandwidth_bytes_per_s))
+
+
+def test_prefill_rest_of_the_graph_is_per_layer_token_and_channel_and_old_profiles_keep_their_figure():
+    """A calibrated reference's prefill rest: n_layer x tokens x n_embd x its cost per channel, on
+    the cores it was measured on. Made-up figures: 2 cores, 20 ns a layer-token-channel; a 12-layer,
+    d 768 model, 128 tokens: 12 x 128 x 768 x 20e-9 = 23.59 ms on 2 threads, twice that on 1. A
+    profile calibrated before the channel term (one cost per layer and token, 15 us): 12 x 128 x
+    15e-6 = 23.04 ms, whatever n_embd."""
+    dev = replace(HOST, source="test: prefill rest", fp32_tflops=0.5)
+    base = dict(limits()["references"][0], id="rest", date="2026-12-02", n_cores=2)
+    attach_rates(dev, dict(base, prefill_overhead_s_per_layer_token_channel=20e-9))
+    matmuls = cpu_prefill_s(dev, {"Q4_0": 1e12}, 2)
+    assert cpu_prefill_s(dev, {"Q4_0": 1e12}, 2, layer_tokens=12 * 128, n_embd=768) - matmuls == pytest.approx(12 * 128 * 768 * 20e-9)
+    assert (cpu_prefill_s(dev, {"Q4_0": 1e12}, 1, layer_tokens=12 * 128, n_embd=768) - cpu_prefill_s(dev, {"Q4_0": 1e12}, 1)
+            == pytest.approx(2 * 12 * 128 * 768 * 20e-9))
+    with pytest.raises(InvalidValueError, match="n_embd must be an integer >= 1"):
+        cpu_prefill_s(dev, {"Q4_0": 1e12}, 2, layer_tokens=128)
+    old = replace(HOST, source="test: prefill rest, old profile", fp32_tflops=0.5)
+    attach_rates(old, dict(base, prefill_overhead_s_per_layer_token=15e-6))
+    assert (cpu_prefill_s(old, {"Q4_0": 1e12}, 2, layer_tokens=12 * 128, n_embd=4096) - cpu_prefill_s(old, {"Q4_0": 1e12}, 2)
+            == pytest.approx(12 * 128 * 15e-6))

@@ -298,7 +298,7 @@ def _llama_cpp_round(types, shapes, threads, n_gen, n_prompt, repeats, rt, direc
                         path = toy_model(model, LLAMA_CPP_TYPES[ty], pure=True, directory=directory)
                         # 2 FLOP per block weight per prompt token; the output head for the last token only
                         block = cfg.n_layer * cfg.n_embd * (2 * cfg.n_embd + 2 * cfg.n_head_kv * cfg.head_dim + 3 * cfg.n_ff)
-                        extra = {"n_layer": cfg.n_layer, "bytes_by_type": decode_bytes_by_type(path), "n_prompt": n_prompt,
+                        extra = {"n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "bytes_by_type": decode_bytes_by_type(path), "n_prompt": n_prompt,
                                  "matrices": _matrices_extra(path),
                                  "prefill_flops_per_token": 2.0 * (block + cfg.n_vocab * cfg.n_embd / max(n_prompt, 1))}
                         return _bench_measurement(path, t, what, n_prompt, n_gen, repeats, rt, extra,
@@ -422,7 +422,7 @@ def llama_cpp_reference(profile: dict) -> dict:
     peak; with the runs, the fit's residuals and the profile's id and date."""
     from ..errors import InvalidValueError
     from ..perf.cpu_model import split_bytes
-    from .validate import FAST_LEVEL, PROBE_MODEL, PROBE_TYPE, STREAM_MODEL, physical_cores
+    from .validate import FAST_LEVEL, PROBE_MODEL, PROBE_TYPE, STREAM_MODEL, TOY_MODELS, physical_cores
 
     runs = []
     n = physical_cores()
@@ -480,7 +480,11 @@ def llama_cpp_reference(profile: dict) -> dict:
                     (stream if bandwidth_run else runs).append(run)
                 if "pp" in m:
                     x = m["pp"]["extra"]
-                    pp_runs.append({"type": ty, "threads": int(t), "n_layer": x["n_layer"], "flops_per_token": x["prefill_flops_per_token"],
+                    n_embd = x.get("n_embd") or (TOY_MODELS[model].n_embd if model in TOY_MODELS else None)
+                    if not n_embd:
+                        raise InvalidValueError(f"the profile's prefill run of {model!r} does not say its n_embd; run `inferlab calibrate --engine llama.cpp` again")
+                    pp_runs.append({"type": ty, "threads": int(t), "n_layer": x["n_layer"], "n_embd": n_embd,
+                                    "flops_per_token": x["prefill_flops_per_token"],
                                     "n_prompt": x.get("n_prompt"),
                                     "s_per_token": 1 / tok_s(m["pp"], t, "pp")})
     if not runs:
@@ -504,16 +508,20 @@ def llama_cpp_reference(profile: dict) -> dict:
            for ty in per_core if ty in alln["rate_bytes_per_s"]} if one and max(fits) > 1 else {ty: 1.0 for ty in per_core}
 
     # prefill: seconds per prompt token = sum of FLOPs_t / (share_t x peak of the threads) + n_layer x
-    # a per-layer cost (norms, RoPE, attention, quantizing the activations: the same for every type)
+    # n_embd x a cost per layer, token and channel: the rest of the graph (norms, RoPE, the residual
+    # adds, quantizing each matmul's activations, attention at calibrate's prompt length) works on
+    # rows of n_embd, the same for every type. A cost per layer and token alone (as until 2026-12-02)
+    # put the d 512 and d 1024 toys' rest at one figure: held out, the d 1024 toys came out 14-16 %
+    # fast (Zen 4 VM, 2 threads; 13 of 13 prefill rows within 15 % with n_embd in, 10 without)
     shares, pp_overhead = {}, 0.0
     if pp_runs:
         t_pp = max(r["threads"] for r in pp_runs)
         sel = [r for r in pp_runs if r["threads"] == t_pp]
         ptypes = sorted({r["type"] for r in sel})
         peak_t = peak * 1e12 * t_pp / n
-        rows = [([r["n_layer"] / r["s_per_token"]] + [(r["flops_per_token"] / peak_t if r["type"] == ty else 0.0) / r["s_per_token"]
+        rows = [([r["n_layer"] * r["n_embd"] / r["s_per_token"]] + [(r["flops_per_token"] / peak_t if r["type"] == ty else 0.0) / r["s_per_token"]
                                                       for ty in ptypes], 1.0) for r in sel]
-        x = least_squares(rows) if len({r["n_layer"] for r in sel}) > 1 else [0.0] + least_squares([(row[1:], b) for row, b in rows])
+        x = least_squares(rows) if len({r["n_layer"] * r["n_embd"] for r in sel}) > 1 else [0.0] + least_squares([(row[1:], b) for row, b in rows])
         if x[0] < 0:
             x = [0.0] + least_squares([(row[1:], b) for row, b in rows])
         pp_overhead = x[0]
@@ -531,7 +539,7 @@ def llama_cpp_reference(profile: dict) -> dict:
                             "level_tok_s": {f"{t}.{w}": v for (t, w), v in sorted(probe_level.items())},
                             "n_prompt": next((r["n_prompt"] for r in pp_runs), None)} if probe_best else None,
             "decode_bw_eff": eta, "decode_bw_achieved_gbs": achieved, "read_bandwidth_gbs_best": bw,
-            "prefill_eff_vs_fp32_peak_by_type": shares, "prefill_overhead_s_per_layer_token": pp_overhead,
+            "prefill_eff_vs_fp32_peak_by_type": shares, "prefill_overhead_s_per_layer_token_channel": pp_overhead,
             "prefill_eff_vs_fp32_matmul": statistics.median(shares.values()) if shares else 0.5, "fp32_peak_tflops": peak,
             "engine": profile.get("llama_cpp", {}).get("engine", "llama.cpp"),
             "source": f"inferlab calibrate --engine llama.cpp on this machine ({profile['host']['cpu']}), machine profile {rid}",

@@ -707,7 +707,7 @@ def _predict(path: str, machine, n_threads: int, n_prompt: int):
     pp = None
     if n_prompt:
         pp = n_prompt / cpu_prefill_s(machine.ram, prefill_flops_by_type(spec, n_prompt), n_threads,
-                                      layer_tokens=spec.n_layers * n_prompt)
+                                      layer_tokens=spec.n_layers * n_prompt, n_embd=spec.d_model)
     return spec, by_type, limits, pp
 
 

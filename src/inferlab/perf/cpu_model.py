@@ -345,18 +345,25 @@ def _fp32_peak_flops(device: Device, used: int) -> float:
 
 
 def cpu_prefill_s(device: Device, flops_by_type: Mapping[str, float], n_threads: int | None = None,
-                  layer_tokens: float = 0.0) -> float:
+                  layer_tokens: float = 0.0, n_embd: int = 0) -> float:
     """Seconds the CPU's prompt matmuls take for ``flops_by_type`` (2 FLOP per weight per token,
     by the weights' ggml type): each type at its measured share of the fp32 peak of the threads
     used (the cores share the peak evenly; SMT adds nothing); plus, where the rates measured one
-    (this machine's calibrated rates), a cost per layer per prompt token for the rest of the graph
-    (norms, RoPE, attention, quantizing the activations), times ``layer_tokens`` (n_layer x tokens)."""
+    (this machine's calibrated rates), the rest of the graph (norms, RoPE, residual adds, attention,
+    quantizing the activations), which works on rows of ``n_embd``: a cost per layer, prompt token
+    and channel x ``layer_tokens`` (n_layer x tokens) x ``n_embd``."""
     if not device.is_cpu:
         raise InvalidValueError(f"{device.name!r} is a {device.backend} device; CPU prefill rates apply to cpu devices")
+    if layer_tokens and (isinstance(n_embd, bool) or not isinstance(n_embd, int) or n_embd < 1):
+        raise InvalidValueError(f"n_embd must be an integer >= 1 when layer_tokens is given, got {n_embd!r}")
     used = _threads_used(device, n_threads)
     peak = _fp32_peak_flops(device, used)
     ref = reference_for(device)
-    rest = layer_tokens * ref.get("prefill_overhead_s_per_layer_token", 0.0) * (ref.get("n_cores") or used) / used  # measured on every core
+    if "prefill_overhead_s_per_layer_token_channel" in ref:  # measured on every core
+        rest = layer_tokens * n_embd * ref["prefill_overhead_s_per_layer_token_channel"]  # layers x tokens x channels x cost
+    else:  # a profile calibrated before 2026-12-02 holds one cost per layer and token
+        rest = layer_tokens * ref.get("prefill_overhead_s_per_layer_token", 0.0)
+    rest *= (ref.get("n_cores") or used) / used  # on `used` of the cores it was measured on
     return sum(f / (prefill_eff_vs_fp32_peak(device, ty) * peak) for ty, f in flops_by_type.items() if f) + rest
 
 
@@ -428,4 +435,4 @@ def _prefill_rate_for_plan(device: Device, model, scheme, n_threads: int | None)
     flops = _weights_by_type(tensor_plan(model, scheme), lambda t: 2.0 * t.n_elements if t.layer is not None else 0)
     if not flops:
         raise InvalidValueError(f"{model.name!r} has no block weights to time")
-    return sum(flops.values()) / cpu_prefill_s(device, flops, n_threads, layer_tokens=model.n_layers)  # one prompt token
+    return sum(flops.values()) / cpu_prefill_s(device, flops, n_threads, layer_tokens=model.n_layers, n_embd=model.d_model)  # one prompt token
