@@ -320,3 +320,23 @@ def test_two_threads_never_fit_more_than_twice_one_threads_rate():
     assert fit[1]["rate_bytes_per_s"] == pytest.approx({"Q4_K": 20e9, "Q8_0": 25e9}) and fit[1]["overhead_s_per_layer"] == pytest.approx(30e-6)
     assert fit[2]["rate_bytes_per_s"]["Q4_K"] == pytest.approx(40e9)
     assert fit[2]["rate_bytes_per_s"]["Q8_0"] < 50e9  # within 2 x 25 GB/s as well
+
+
+def test_quick_types_cover_every_matrix_type_of_the_common_presets_on_any_width():
+    """`calibrate --types quick` times the types of the common presets' files, including the types
+    llama.cpp's quantizer falls back to where a row is not a multiple of 256 wide (Q4_K -> Q5_0,
+    Q6_K -> Q8_0 in a Q4_K_M file): toy-smol (n_embd 576, SmolLM2's shape) Q4_K_M is half Q5_0 by
+    bytes, and a Q5_0 left to its stand-in missed its prefill by +80 % on an AMX Xeon (2026-12-03).
+    The plans are tensor_plan's (byte-exact against llama.cpp's quantizer in tests/quant)."""
+    from inferlab.hardware.validate import TOY_MODELS
+    from inferlab.quant.plan import tensor_plan
+
+    assert TOY_MODELS["toy-smol"].n_embd % 256  # the test holds a width the fallbacks apply to
+    seen = set()
+    for name, cfg in TOY_MODELS.items():
+        for preset in ("Q4_K_M", "Q8_0", "Q4_0", "Q4_1", "F16"):
+            matrices = {e.ggml_type for e in tensor_plan(cfg.spec, preset) if len(e.shape) == 2 and e.ggml_type != "F32"}
+            assert matrices <= set(cal.QUICK_TYPES), (name, preset, matrices - set(cal.QUICK_TYPES))
+            seen |= matrices
+    assert "Q5_0" in seen  # (2 x 32-wide blocks of 576: the fallback is there to cover)
+    assert set(cal.QUICK_TYPES) <= set(cal.LLAMA_CPP_TYPES)  # every quick type has a toy calibrate can write

@@ -19,8 +19,10 @@ from inferlab.perf.cpu_model import (
     kernel_family,
     limits,
     measured_reference,
+    nearest_reference,
     prefill_eff_vs_fp32_peak,
     rate_provenance,
+    rates_label,
     reference_for,
     resolve_type,
     scaled_reference,
@@ -123,9 +125,20 @@ def test_reference_choice_and_overhead():
         assert decode_overhead_s_per_layer(_host_of(ref)) < 1e-3  # well under a millisecond per block
     # an ISA class nobody measured: no measured reference; the first entry stands in
     arm = replace(HOST, name="Ampere Altra", notes="ISA: neon")
-    assert measured_reference(arm) is None and reference_for(arm) is refs[0]
-    # the AVX-512 CPU's kernels are faster per core than the AVX2 one's (Zen 4 vs Zen 3, measured)
+    assert measured_reference(arm) is None and nearest_reference(arm) is None and reference_for(arm) is refs[0]
+    assert "a stand-in (no reference of this ISA class)" in rates_label(arm)
     by_simd = {r["simd"]: r for r in refs}
+    # an AMX Xeon (detected ISA features) also runs AVX-512 and AVX2: with no AMX reference stored it
+    # takes the AVX-512 one (the kernels it runs without AMX), not the first entry (Zen 3, AVX2), and says so
+    xeon = replace(HOST, name="Intel Xeon", notes="", isa=("avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_int8"))
+    assert "amx" not in by_simd and {"avx2", "avx512"} <= set(by_simd)
+    assert measured_reference(xeon) is None
+    assert nearest_reference(xeon) is by_simd["avx512"] and reference_for(xeon) is by_simd["avx512"]
+    assert by_simd["avx512"] is not refs[0]  # the test tells the two fallbacks apart
+    assert "the nearest ISA class measured: this CPU has amx" in rates_label(xeon) and by_simd["avx512"]["id"] in rates_label(xeon)
+    # an AVX-512 CPU never falls to the narrower class while its own is stored
+    assert nearest_reference(replace(xeon, isa=("avx2", "avx512f"))) is by_simd["avx512"]
+    # the AVX-512 CPU's kernels are faster per core than the AVX2 one's (Zen 4 vs Zen 3, measured)
     if {"avx2", "avx512"} <= set(by_simd):
         for ty in ("Q4_K", "Q8_0", "F16"):
             assert by_simd["avx512"]["per_core_bytes_per_s"][ty] > by_simd["avx2"]["per_core_bytes_per_s"][ty]

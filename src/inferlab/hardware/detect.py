@@ -229,7 +229,7 @@ def _attach_profile_rates(dev: Device, profile: dict, figures: list[Figure]) -> 
     """The CPU kernel rates of the detected host: the profile's own llama.cpp fit when calibrate
     ran llama.cpp here, else the stored reference of this ISA class scaled by the profile's int8
     and fp32 matmul figures (perf.cpu_model.scaled_reference)."""
-    from ..perf.cpu_model import attach_rates, measured_reference, reference_for, scaled_reference
+    from ..perf.cpu_model import attach_rates, nearest_reference, reference_for, scaled_reference
     from .profile import profile_id
 
     rid, date = profile_id(profile), profile.get("date", "?")
@@ -246,7 +246,7 @@ def _attach_profile_rates(dev: Device, profile: dict, figures: list[Figure]) -> 
         here["fp32_matmul_gflops_per_core"] = mm["fp32"].get("best", mm["fp32"]["median"]) * 1e3 / cores
     if "int8" in mm:
         here["int8_matmul_gops_per_core"] = mm["int8"].get("best", mm["int8"]["median"]) * 1e3 / cores
-    base = measured_reference(dev) or reference_for(dev)
+    base = nearest_reference(dev) or reference_for(dev)  # this ISA class's stored reference, or the nearest class's
     scaled = scaled_reference(base, here, rid=rid, date=date)
     attach_rates(dev, scaled)
     figures.append(Figure("CPU kernel rates", f"reference {base['id']}, scaled", f"calibrated: {scaled['provenance']}"))

@@ -140,11 +140,25 @@ def measured_reference(device: Device) -> dict | None:
     return next((r for r in limits()["references"] if r["simd"] == simd), None)
 
 
+# The ISA classes a CPU of each class also runs, widest first: an AMX CPU has AVX-512 (llama.cpp's
+# AMX path covers a few types' matmuls when it is compiled in; every other kernel, and all of them
+# in a build without it, is the AVX-512 code), and an AVX-512 CPU has AVX2.
+_ISA_SUBSETS = {"amx": ("avx512", "avx2"), "avx512": ("avx2",)}
+
+
+def nearest_reference(device: Device) -> dict | None:
+    """The stored reference of ``device``'s ISA class, else of the widest class this CPU also runs
+    (an AMX Xeon: the AVX-512 reference), else None."""
+    by_simd = {r["simd"]: r for r in limits()["references"]}
+    simd = _simd_of(device)
+    return next((by_simd[c] for c in (simd, *_ISA_SUBSETS.get(simd, ())) if c in by_simd), None)
+
+
 def reference_for(device: Device) -> dict:
     """The rates that stand for ``device``: this machine's own (attached from its profile), else the
-    stored reference of its ISA class, else the first entry (a stand-in: its rates may be far
-    from this CPU's)."""
-    return _ATTACHED.get(device.source) or measured_reference(device) or limits()["references"][0]
+    stored reference of its ISA class or of the nearest class it also runs (nearest_reference),
+    else the first entry (a stand-in: its rates may be far from this CPU's)."""
+    return _ATTACHED.get(device.source) or nearest_reference(device) or limits()["references"][0]
 
 
 def rates_label(device: Device) -> str:
@@ -154,7 +168,12 @@ def rates_label(device: Device) -> str:
     how = ref.get("provenance")
     if how:
         return how
-    kind = "measured" if measured_reference(device) is ref else "a stand-in (no reference of this ISA class)"
+    if measured_reference(device) is ref:
+        kind = "measured"
+    elif nearest_reference(device) is ref:
+        kind = f"the nearest ISA class measured: this CPU has {_simd_of(device)}"
+    else:
+        kind = "a stand-in (no reference of this ISA class)"
     return f"llama.cpp CPU rates: reference {ref['id']} ({ref.get('simd', '?')}, {kind}, {ref.get('date', '?')[:10]})"
 
 
