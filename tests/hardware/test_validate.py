@@ -350,20 +350,20 @@ def test_calibrate_keeps_every_rounds_samples_of_a_figure():
 def test_calibrate_times_each_type_on_every_shape_back_to_back(monkeypatch):
     """The plan's order, by hand (2 cores: threads 1 and 2; pp at 2 only; toy-stream tg only, F32
     there once at 2 threads as the bandwidth run): all of Q4_0 (toy-thin, toy-wide, then toy-stream,
-    one of the common types), then all of Q5_0 (not common: no toy-stream run), then F32."""
+    one of the common types), then all of Q5_1 (not common: no toy-stream run), then F32."""
     pytest.importorskip("llama_cpp")
     from inferlab.hardware import calibrate as cal
 
     monkeypatch.setattr(v, "physical_cores", lambda: 2)
-    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q4_0", "Q5_0", "F32"))]
+    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q4_0", "Q5_1", "F32"))]
     on_shapes = ["{m}.{t}.1.tg", "{m}.{t}.2.tg", "{m}.{t}.2.pp"]
     want = [k.format(m=m, t="Q4_0") for m in ("toy-thin", "toy-wide") for k in on_shapes]
     want += ["toy-stream.Q4_0.1.tg", "toy-stream.Q4_0.2.tg"]
-    want += [k.format(m=m, t="Q5_0") for m in ("toy-thin", "toy-wide") for k in on_shapes]
+    want += [k.format(m=m, t="Q5_1") for m in ("toy-thin", "toy-wide") for k in on_shapes]
     want += [k.format(m=m, t="F32") for m in ("toy-thin", "toy-wide") for k in on_shapes] + ["toy-stream.F32.2.tg"]
     assert keys == want
     # without F32 among the types, toy-stream F32 still runs (the bandwidth decode reaches), last
-    assert [s.key for s in cal.llama_cpp_plan(("Q5_0",))][-1] == "llama_cpp.runs.toy-stream.F32.2.tg"
+    assert [s.key for s in cal.llama_cpp_plan(("Q5_1",))][-1] == "llama_cpp.runs.toy-stream.F32.2.tg"
 
 
 def test_decode_bandwidth_comes_from_the_f32_stream_toy_even_above_calibrates_numpy_read(monkeypatch):

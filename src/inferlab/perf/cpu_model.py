@@ -11,7 +11,8 @@ Where the rates come from, for a device (``reference_for``):
    to the detected device by hardware.detect (``attach_rates``): the machine profile's id and date;
 2. without llama.cpp, the reference of the device's ISA class scaled by what ``inferlab calibrate``
    measured here against the same figures on the reference (``scaled_reference``);
-3. otherwise the reference of the device's ISA class as measured (a catalog CPU).
+3. otherwise the reference of the device's ISA class as measured (a catalog CPU), or of the
+   widest class it also runs when its own has none (``nearest_reference``: AMX -> AVX-512).
 A ggml type the chosen rates lack takes a stand-in of its kernel family (data: kernel_families);
 ``rate_provenance`` says which, so a prediction can name it. Standard library only (core).
 """
