@@ -338,5 +338,5 @@ def test_quick_types_cover_every_matrix_type_of_the_common_presets_on_any_width(
             matrices = {e.ggml_type for e in tensor_plan(cfg.spec, preset) if len(e.shape) == 2 and e.ggml_type != "F32"}
             assert matrices <= set(cal.QUICK_TYPES), (name, preset, matrices - set(cal.QUICK_TYPES))
             seen |= matrices
-    assert "Q5_0" in seen  # (2 x 32-wide blocks of 576: the fallback is there to cover)
+    assert "Q5_0" in seen  # toy-smol Q4_K_M: 576 = 2.25 x 256, so its Q4_K rows are Q5_0 (18 blocks of 32)
     assert set(cal.QUICK_TYPES) <= set(cal.LLAMA_CPP_TYPES)  # every quick type has a toy calibrate can write
