@@ -326,7 +326,8 @@ def test_quick_types_cover_every_matrix_type_of_the_common_presets_on_any_width(
     """`calibrate --types quick` times the types of the common presets' files, including the types
     llama.cpp's quantizer falls back to where a row is not a multiple of 256 wide (Q4_K -> Q5_0,
     Q6_K -> Q8_0 in a Q4_K_M file): toy-smol (n_embd 576, SmolLM2's shape) Q4_K_M is half Q5_0 by
-    bytes, and a Q5_0 left to its stand-in missed its prefill by +80 % on an AMX Xeon (2026-12-03).
+    bytes, and a Q5_0 left to its stand-in of then (Q6_K) missed its prefill by +80 % on an AMX Xeon
+    (2026-12-03; its stand-in now, Q8_0's tinyBLAS share, is still an upper bound: +15 %).
     The plans are tensor_plan's (byte-exact against llama.cpp's quantizer in tests/quant)."""
     from inferlab.hardware.validate import TOY_MODELS
     from inferlab.quant.plan import tensor_plan

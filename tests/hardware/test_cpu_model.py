@@ -246,7 +246,34 @@ def test_every_ggml_type_has_a_kernel_family_and_a_cpu_cost_on_every_reference()
             assert 0 < prefill_eff_vs_fp32_peak(host, ty) <= 1
         said = rate_provenance(host, types)
         assert ref["id"] in said[0]
-        assert len(said) == 1 + sum(ty not in measured for ty in types)  # one sentence per stand-in
+        shares = ref.get("prefill_eff_vs_fp32_peak_by_type") or {}
+        prompt_own = [ty for ty in types if shares and ty not in shares
+                      and resolve_type(shares, ty, prefill=True)[0] != resolve_type(measured, ty)[0]]
+        assert ("Q5_0" in prompt_own) == bool(shares)  # Q5_0's prompt kernel differs from its decode one wherever shares exist
+        # one sentence per stand-in, and one per type whose prompt matmuls take another one
+        assert len(said) == 1 + sum(ty not in measured for ty in types) + len(prompt_own)
+
+
+def test_q5_0_and_q5_1_decode_like_q4_1_and_q5_0_prompts_take_q8_0s_tinyblas_share():
+    """llama.cpp's x86 kernels: ggml_vec_dot_q5_0_q8_0 / q5_1_q8_1 are the plain one-block-a-loop
+    nibble unpack of Q4_1's (plus the fifth bit), never repacked, so their decode rate is Q4_1's
+    (where Q4_1 was not measured, Q4_1's own stand-in); llamafile_sgemm runs Q5_0 prompt matmuls
+    with tinyBLAS_Q0_AVX, Q8_0's kernel, and Q5_1's with the vec_dot loop, as Q4_1's. Until
+    2026-12-03 both took Q6_K, whose share is 2.8x Q5_0's measured one on an AMX Xeon."""
+    for ref in limits()["references"]:
+        host, rates = _host_of(ref), ref["per_core_bytes_per_s"]
+        q4_1 = resolve_type(rates, "Q4_1")[0]  # Q4_1 itself, or its stand-in (Q4_K on Zen 3)
+        for ty in ("Q5_0", "Q5_1"):
+            assert cpu_decode_rate_bytes_per_s(host, ty, 1) == rates[q4_1], (ref["id"], ty)
+        shares = ref.get("prefill_eff_vs_fp32_peak_by_type")
+        if shares:
+            assert prefill_eff_vs_fp32_peak(host, "Q5_0") == shares["Q8_0"] != shares["Q6_K"]
+            assert prefill_eff_vs_fp32_peak(host, "Q5_1") == shares[resolve_type(shares, "Q4_1")[0]]
+            said = rate_provenance(host, ["Q5_0", "Q5_1"])
+            assert [s for s in said if s.startswith("prompt matmuls")] == [
+                "prompt matmuls: Q5_0 (legacy kernels) not measured: stand-in Q8_0 (same kernel family)"]
+    # a table that measured the type itself never takes a stand-in, prompt or decode
+    assert resolve_type({"Q5_0": 1.0, "Q8_0": 2.0}, "Q5_0", prefill=True) == ("Q5_0", "")
 
 
 def test_stand_ins_stay_in_the_kernel_family_when_it_has_a_measured_member():

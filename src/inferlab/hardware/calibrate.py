@@ -189,7 +189,8 @@ LLAMA_CPP_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q4_0", "
                    **{t: f"raw:{t}" for t in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")}}
 # the types of the common presets (Q4_K_M, Q8_0, Q4_0/Q4_1 files), with Q5_0: llama.cpp's quantizer writes
 # a Q4_K_M file's Q4_K rows as Q5_0 where a row is not a multiple of 256 wide (SmolLM2's 576: half
-# its bytes), and Q5_0's stand-in (Q6_K) missed its prefill by +80 % on an AMX Xeon, 2026-12-03
+# its bytes), and Q5_0's stand-in of then (Q6_K) missed its prefill by +80 % on an AMX Xeon, 2026-12-03
+# (its stand-in now, Q8_0's tinyBLAS share, still +15 %: an upper bound)
 QUICK_TYPES = ("F16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
 

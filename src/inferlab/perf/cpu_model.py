@@ -57,11 +57,13 @@ def _bpw(ty: str) -> float:
     return t.bits_per_weight if t else 8.0
 
 
-def _candidates(ty: str) -> list[str]:
-    """Stand-ins to try for ``ty``: the data's list, then the rest of its family by nearest bits
-    per weight, then the family it falls back to (the same way)."""
+def _candidates(ty: str, prefill: bool = False) -> list[str]:
+    """Stand-ins to try for ``ty``: the data's list (for a prompt matmul, prefill_stand_ins where
+    the type's prompt kernel is another one than its decode kernel), then the rest of its family
+    by nearest bits per weight, then the family it falls back to (the same way)."""
     data = limits()["kernel_families"]
-    out = list(data["stand_ins"].get(ty, []))
+    listed = data["prefill_stand_ins"].get(ty) if prefill else None
+    out = list(listed if listed is not None else data["stand_ins"].get(ty, []))
     fam = _family_of()[ty]
     seen = {fam}
     while fam is not None:
@@ -74,16 +76,18 @@ def _candidates(ty: str) -> list[str]:
     return out
 
 
-def resolve_type(table: Mapping[str, float], ggml_type: str) -> tuple[str, str]:
+def resolve_type(table: Mapping[str, float], ggml_type: str, prefill: bool = False) -> tuple[str, str]:
     """(the key of ``table`` that times ``ggml_type``, '' when it was measured itself or a sentence
-    naming the stand-in and its kernel family). Every ggml type resolves while ``table`` holds
-    one type of any family; a name that is no ggml type raises UnknownNameError."""
+    naming the stand-in and its kernel family). ``prefill``: ``table`` holds prompt-matmul shares,
+    and the type's first stand-ins are those of its prompt kernel (data: prefill_stand_ins).
+    Every ggml type resolves while ``table`` holds one type of any family; a name that is no ggml
+    type raises UnknownNameError."""
     ty = str(ggml_type).upper()
     kernel_family(ty)  # raises for a name that is no ggml type
     if ty in table:
         return ty, ""
     seen = {ty}
-    queue = _candidates(ty)
+    queue = _candidates(ty, prefill)
     while queue:
         c = queue.pop(0)
         if c in seen:
@@ -94,7 +98,7 @@ def resolve_type(table: Mapping[str, float], ggml_type: str) -> tuple[str, str]:
             return c, (f"{ty} ({kernel_family(ty)} kernels) not measured: stand-in {c} ({same} kernel family"
                        f"{'' if same == 'same' else ': ' + kernel_family(c)})")
         if c in _family_of():
-            queue += _candidates(c)
+            queue += _candidates(c, prefill)
     raise UnknownNameError("ggml type with a CPU rate", ggml_type, list(table))
 
 
@@ -179,14 +183,20 @@ def rates_label(device: Device) -> str:
 
 
 def rate_provenance(device: Device, ggml_types: Iterable[str]) -> list[str]:
-    """Where the CPU decode rate of each type comes from: the rates' label, then one sentence per
-    type that takes a stand-in."""
+    """Where the CPU rates of each type come from: the rates' label, then one sentence per type
+    that takes a stand-in, and one more where its prompt matmuls take another stand-in than its
+    decode (prefill_stand_ins: Q5_0's tinyBLAS kernel on x86)."""
     ref = reference_for(device)
+    shares = ref.get("prefill_eff_vs_fp32_peak_by_type") or {}
     out = [rates_label(device)]
     for ty in sorted({str(t).upper() for t in ggml_types}):
-        _, why = resolve_type(ref["per_core_bytes_per_s"], ty)
+        key, why = resolve_type(ref["per_core_bytes_per_s"], ty)
         if why:
             out.append(why)
+        if shares and ty not in shares:
+            p_key, p_why = resolve_type(shares, ty, prefill=True)
+            if p_key != key:
+                out.append(f"prompt matmuls: {p_why}")
     return out
 
 
@@ -349,7 +359,7 @@ def prefill_eff_vs_fp32_peak(device: Device, ggml_type: str) -> float:
     if not by_type:
         return ref["prefill_eff_vs_fp32_matmul"]  # one figure for every type (the Zen 3 entry)
     try:
-        return by_type[resolve_type(by_type, ggml_type)[0]]
+        return by_type[resolve_type(by_type, ggml_type, prefill=True)[0]]
     except UnknownNameError:
         return ref["prefill_eff_vs_fp32_matmul"]
 

@@ -1,0 +1,73 @@
+"""The rows of an `inferlab validate --json` run predicted again by the code as it is now, scored
+against the same vs-probe speeds: error = new prediction / (the row's predicted / (1 + its matched
+error)) - 1. ``--no-profile``: without a machine profile (the stored reference CPU that detect picks
+for this CPU); else with this machine's profile, as validate would predict today (a stand-in rule
+changed after the run was measured). ``--no-nearest``: the reference chosen as before
+nearest_reference (a CPU of a class with no reference took the first entry), for the side-by-side.
+Detect measures bandwidth afresh without a profile, so decode figures move between invocations;
+run it with an empty config dir there:
+
+    XDG_CONFIG_HOME=$(mktemp -d) python benchmarks/repredict_validate.py validate.json --no-profile [--gguf F] [--no-nearest]
+    XDG_CONFIG_HOME=<the calibrated profile's dir> python benchmarks/repredict_validate.py validate.json [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("rows", help="the JSON that `inferlab validate --json` printed")
+    ap.add_argument("--gguf", help="the real GGUF the run was given with --gguf (its rows are named by its file name)")
+    ap.add_argument("--no-nearest", action="store_true", help="AMX/AVX-512 CPUs without their own reference take the first entry")
+    ap.add_argument("--n-prompt", type=int, default=128)
+    ap.add_argument("--no-profile", action="store_true", help="predict without this machine's profile (the stored reference)")
+    ap.add_argument("--json", help="also write the errors here")
+    args = ap.parse_args()
+
+    from inferlab.hardware.detect import detect_machine
+    from inferlab.hardware.validate import _predict, toy_model
+    import inferlab.perf.cpu_model as cm
+
+    if args.no_nearest:
+        cm._ISA_SUBSETS.clear()
+    d = json.load(open(args.rows))
+    rows = d["rows"] if isinstance(d, dict) else d
+    m = detect_machine(profile=not args.no_profile)
+    print("rates:", cm.rates_label(m.ram))
+    errs: dict[str, list[float]] = {"tg": [], "pp": []}
+    out_rows = []
+    now = "without profile" if args.no_profile else "now"
+    for r in rows:
+        if r["model"].endswith(".gguf"):
+            if not args.gguf:
+                continue
+            path = args.gguf
+        else:
+            path = toy_model(r["model"], r["preset"])
+        _, _, limits, pp = _predict(path, m, r["threads"], args.n_prompt)
+        for metric, pred in (("tg", limits.tok_s), ("pp", pp)):
+            me, pr = r.get(f"{metric}_matched_error"), r.get(f"{metric}_predicted")
+            if me is None or pr is None or pred is None:
+                continue
+            e = pred / (pr / (1 + me)) - 1  # the row's vs-probe speed: predicted / (1 + matched error)
+            errs[metric].append(e)
+            out_rows.append({"model": r["model"], "preset": r["preset"], "metric": metric, "error_now": e, "error_at_run": me,
+                             "predicted_now": pred, "predicted_at_run": pr})
+            print(f"{r['model']:32s} {r['preset']:7s} {metric} {now} {e:+.1%}  at the run {me:+.1%}")
+    summary = {}
+    for k, v in errs.items():
+        if v:
+            summary[k] = {"median_abs": statistics.median(abs(x) for x in v), "within_15pct": sum(abs(x) <= 0.15 for x in v), "n": len(v)}
+            print(k, "median abs", round(summary[k]["median_abs"], 3), "within 15 %", summary[k]["within_15pct"], "of", len(v),
+                  "slow", sum(x < 0 for x in v))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rates": cm.rates_label(m.ram), "profile": not args.no_profile, "rows": out_rows, "summary": summary}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
