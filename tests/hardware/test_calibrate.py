@@ -109,6 +109,8 @@ def test_calibrate_on_a_loaded_machine_refuses_to_save_and_says_why(tmp_path):
         time.sleep(0.5)
         res = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
         written = (tmp_path / "inferlab" / "machine_profile.json").exists()
+        rejected = tmp_path / "inferlab" / "machine_profile.rejected.json"
+        kept = rejected.read_bytes() if rejected.exists() else b""
         noisy = subprocess.run(args + ["--accept-noisy", "--json"], capture_output=True, text=True, timeout=300, env=env)
     finally:
         for p in loops:
@@ -121,6 +123,22 @@ def test_calibrate_on_a_loaded_machine_refuses_to_save_and_says_why(tmp_path):
     assert noisy.returncode == 0, noisy.stderr
     saved = json.loads((tmp_path / "inferlab" / "machine_profile.json").read_text())
     assert saved["accepted_with_problems"] and any("busy" in p for p in saved["problems"])
+    # the refused run's figures were kept beside the profile, and the message says where and how to use them
+    refused = json.loads(kept)
+    assert any("busy" in p for p in refused["problems"]) and "accepted_with_problems" not in refused
+    assert str(rejected) in " ".join(res.stderr.split()) and "--accept-rejected" in res.stderr
+    assert not rejected.exists()  # the saved --accept-noisy run superseded it
+    # --accept-rejected (measuring nothing) makes a kept refusal the profile, flagged, and consumes it
+    rejected.write_bytes(kept)
+    ok = subprocess.run([sys.executable, "-m", "inferlab", "calibrate", "--accept-rejected"], capture_output=True, text=True,
+                        timeout=120, env=env)
+    assert ok.returncode == 0, ok.stderr
+    now = json.loads((tmp_path / "inferlab" / "machine_profile.json").read_text())
+    assert now["date"] == refused["date"] and now["cpu"] == refused["cpu"]  # the kept run's figures, not the later one's
+    assert now["accepted_with_problems"] and now["problems"] == refused["problems"] and not rejected.exists()
+    again = subprocess.run([sys.executable, "-m", "inferlab", "calibrate", "--accept-rejected"], capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert again.returncode == 2 and "no refused calibration" in again.stderr and "Traceback" not in again.stderr
 
 
 def test_fit_decode_recovers_known_rates_and_overhead():

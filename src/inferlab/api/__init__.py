@@ -19,10 +19,10 @@ from .roofline import RooflineReport, roofline
 from .capacity import CapacityReport, capacity
 from .advise import AdviceReport, advise
 from .diagnose import DiagnosisReport, diagnose
-from .measure import CalibrationReport, ValidationReport, calibrate, validate
+from .measure import CalibrationReport, ValidationReport, accept_rejected, calibrate, validate
 
 __all__ = ["SCHEMA_VERSION", "Figure", "FitReport", "MachineReport", "PlanReport", "Report", "Setup", "SimReport",
            "configure", "fit", "machine", "plan", "simulate",
            "TraceReport", "trace", "RooflineReport", "roofline",
            "CapacityReport", "capacity", "AdviceReport", "advise", "DiagnosisReport", "diagnose",
-           "CalibrationReport", "calibrate", "ValidationReport", "validate"]
+           "CalibrationReport", "accept_rejected", "calibrate", "ValidationReport", "validate"]

@@ -46,11 +46,54 @@ def calibrate(*, threads: tuple[int, ...] | None = None, repeats: int = 5, size_
     with cal.realtime(realtime):
         profile = cal.run_calibration(steps, on_step)
     if profile["problems"] and not accept_noisy and save:
-        raise cal.UnstableMeasurementError(profile["problems"])
+        raise cal.UnstableMeasurementError(profile["problems"], kept=_keep_rejected(profile))
     if profile["problems"]:
         profile["accepted_with_problems"] = True
     where = cal.save_profile(profile) if save else None
+    if where:
+        _drop_rejected()  # an older refused run must not be accepted over this one later
     return CalibrationReport(cal.profile_id(profile), where, tuple(profile["problems"]), dict(profile["skipped"]), profile)
+
+
+def _keep_rejected(profile: dict) -> str | None:
+    """Write a refused calibration's figures beside the profile (a long run is not lost); None
+    when that folder cannot be written (the refusal itself is what the caller reports)."""
+    from ..errors import ConfigError
+    from ..hardware import calibrate as cal
+
+    try:
+        return cal.save_profile(profile, cal.rejected_profile_path())
+    except ConfigError:
+        return None
+
+
+def _drop_rejected() -> None:
+    import contextlib
+    import os
+
+    from ..hardware import calibrate as cal
+
+    with contextlib.suppress(OSError):  # none there, or not removable: the profile itself was saved
+        os.unlink(cal.rejected_profile_path())
+
+
+def accept_rejected() -> CalibrationReport:
+    """Make the figures of the last calibration refused as noisy (kept in rejected_profile_path)
+    the machine profile, flagged ``accepted_with_problems`` as --accept-noisy would have saved
+    them; ConfigError when there is none to accept."""
+    from ..errors import ConfigError
+    from ..hardware import calibrate as cal
+
+    path = cal.rejected_profile_path()
+    profile = cal.load_profile(path)  # FileFormatError for a damaged file, naming it
+    if profile is None:
+        raise ConfigError(f"no refused calibration to accept: {path} does not exist (calibrate keeps one there when it "
+                          "refuses to save a noisy run); run `inferlab calibrate`")
+    profile["accepted_with_problems"] = True
+    where = cal.save_profile(profile)
+    _drop_rejected()
+    return CalibrationReport(cal.profile_id(profile), where, tuple(profile.get("problems") or ()), dict(profile.get("skipped") or {}),
+                             profile)
 
 
 @dataclass(frozen=True)

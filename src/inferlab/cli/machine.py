@@ -65,15 +65,30 @@ def machine(gpu: str | None, cpu: str | None, no_profile: bool, as_json: bool) -
               help="With --engine: passes over the llama.cpp figures (each keeps the repetitions of every pass).")
 @click.option("--no-probe", is_flag=True, help="With --engine: do not time the level probe (toy-wide Q4_K) around each repetition.")
 @click.option("--no-save", is_flag=True, help="Measure and print, do not write the profile.")
+@click.option("--accept-rejected", is_flag=True,
+              help="Measure nothing: save the figures of the last run refused as noisy (kept beside the profile) as the profile, flagged.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: str, types: str | None, n_gen: int, n_prompt: int,
-              realtime: bool, accept_noisy: bool, rounds: int, no_probe: bool, no_save: bool, as_json: bool) -> None:
+              realtime: bool, accept_noisy: bool, rounds: int, no_probe: bool, no_save: bool, accept_rejected: bool,
+              as_json: bool) -> None:
     """Measure memory bandwidth and matmul throughput here (and llama.cpp's kernels with --engine);
     save the machine profile `--on local` uses. Figures are the best sustained repetition; a
     profile whose figures disagree across repetitions or were measured on a busy machine is not saved."""
     from ..errors import InvalidValueError
     from ..hardware import calibrate as cal
 
+    if accept_rejected:
+        if no_save:
+            raise InvalidValueError("--accept-rejected saves a profile; it cannot go with --no-save")
+        from ..api import accept_rejected as accept_api
+
+        report = accept_api()
+        if as_json:
+            click.echo(json.dumps(report.profile, indent=1))
+        else:
+            _console().print(f"profile {report.profile_id} saved to {report.saved_to}, flagged with {len(report.problems)} problem(s): "
+                             + "; ".join(report.problems[:3]) + (" ..." if len(report.problems) > 3 else ""))
+        return
     counts = None
     if threads:
         try:

@@ -22,7 +22,8 @@ from datetime import datetime, timezone
 from ..errors import InferlabError, InvalidValueError, MissingDependencyError, check_positive
 from .measure import (BUSY_CPUS, STABLE_TOL, STEAL_MAX, Interference, Measurement, _numpy, _timed_parallel,  # noqa: F401 (calibrate's API)
                       default_working_set_bytes, read_bandwidth_gbs, realtime, repeat_until_stable, usable_cpus, watch)
-from .profile import PROFILE_NAME, PROFILE_VERSION, config_dir, load_profile, profile_id, profile_path, save_profile  # noqa: F401
+from .profile import (PROFILE_NAME, PROFILE_VERSION, config_dir, load_profile, profile_id, profile_path,  # noqa: F401
+                      rejected_profile_path, save_profile)
 
 
 
@@ -170,10 +171,13 @@ class UnstableMeasurementError(InferlabError):
     """calibrate measured figures it will not save: unstable across repetitions, or taken while
     other processes were using the machine."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], kept: str | None = None):
         self.problems = list(problems)
+        self.kept = kept  # where the refused figures were written (rejected_profile_path), or None
         more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
-        super().__init__(f"profile not saved: {'; '.join(problems[:2])}{more}. Run it again on a quiet machine "
+        keep = (f"; its figures are kept in {kept}: `inferlab calibrate --accept-rejected` saves them as the profile, flagged"
+                if kept else "")
+        super().__init__(f"profile not saved: {'; '.join(problems[:2])}{more}{keep}. Run it again on a quiet machine "
                          "(or with --realtime as root), or save it flagged with --accept-noisy")
 
 

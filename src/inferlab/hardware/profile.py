@@ -12,6 +12,7 @@ from ..errors import FileFormatError
 
 PROFILE_VERSION = 1
 PROFILE_NAME = "machine_profile.json"
+REJECTED_NAME = "machine_profile.rejected.json"  # a calibration refused as noisy: kept, never read by detect
 MAX_PROFILE_BYTES = 16 << 20  # a profile is a few KiB
 
 
@@ -29,6 +30,12 @@ def config_dir() -> str:
 
 def profile_path() -> str:
     return os.path.join(config_dir(), PROFILE_NAME)
+
+
+def rejected_profile_path() -> str:
+    """Where calibrate keeps the figures of a run it refused to save (unstable or busy), so that a
+    long calibration is not lost: `inferlab calibrate --accept-rejected` makes them the profile."""
+    return os.path.join(config_dir(), REJECTED_NAME)
 
 
 def save_profile(profile: dict, path: str | None = None) -> str:
