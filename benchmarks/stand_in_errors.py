@@ -9,6 +9,7 @@ matmul) and the prompt-matmul share of the fp32 peak.
 
     python benchmarks/stand_in_errors.py                              # the stored reference CPUs
     python benchmarks/stand_in_errors.py --profile ~/.config/inferlab/machine_profile.json [--json out.json]
+    python benchmarks/stand_in_errors.py --rates tests/data/zen4_full_calibration_rates.json
 
 No measurement is taken: it reads rates measured before (a profile from `inferlab calibrate --engine
 llama.cpp`, the entries of data/cpu_limits.json).
@@ -105,16 +106,20 @@ def _print(title: str, rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="a machine profile written by `inferlab calibrate --engine llama.cpp`")
+    ap.add_argument("--rates", help="a fitted reference alone (tests/data/*_full_calibration_rates.json)")
     ap.add_argument("--json", help="also write the rows and summaries here")
     args = ap.parse_args()
 
-    from inferlab.hardware.calibrate import QUICK_TYPES
+    from inferlab.hardware.calibrate import COMMON_PRESET_TYPES, QUICK_TYPES
     from inferlab.perf.cpu_model import limits
 
     sources = []
     if args.profile:
         ref = json.load(open(args.profile))["llama_cpp"]["reference"]
         sources.append((f"profile {ref['id']} ({ref['cpu']})", ref))
+    elif args.rates:
+        ref = json.load(open(args.rates))
+        sources.append((f"rates {ref['id']} ({ref['cpu']})", ref))
     else:
         sources += [(f"reference {r['id']}", r) for r in limits()["references"]]
     result = []
@@ -125,7 +130,11 @@ def main() -> None:
         if set(ref["per_core_bytes_per_s"]) - set(QUICK_TYPES):
             quick = errors(ref, set(QUICK_TYPES))
             _print(f"{name}: the types `calibrate --types quick` does not time, from the quick types ({','.join(QUICK_TYPES)})", quick)
-            entry.update(from_quick=quick, from_quick_summary=summary(quick))
+            common = errors(ref, set(COMMON_PRESET_TYPES))
+            _print(f"{name}: from the common presets' types alone (`--types quick` before 2026-12-04)", common)
+            entry.update(quick_types=list(QUICK_TYPES), from_quick=quick, from_quick_summary=summary(quick),
+                         common_preset_types=list(COMMON_PRESET_TYPES), from_common_presets=common,
+                         from_common_presets_summary=summary(common))
         result.append(entry)
     if args.json:
         with open(args.json, "w") as f:

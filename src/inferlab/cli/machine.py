@@ -56,7 +56,7 @@ def machine(gpu: str | None, cpu: str | None, no_profile: bool, as_json: bool) -
               help="Also time this engine's own CPU kernels on pure-type toy models and fit this CPU's rates (llama.cpp: "
                    "llama-cpp-python).")
 @click.option("--types", "types", metavar="T,T", help="With --engine llama.cpp: the ggml types to time (default: every type "
-              "llama.cpp's quantizer makes without an importance matrix; 'quick' for F16,Q4_0,Q4_1,Q5_0,Q8_0,Q4_K,Q6_K).")
+              "llama.cpp's quantizer makes without an importance matrix; 'quick' for F16,Q4_0,Q4_1,Q5_0,Q8_0,Q4_K,Q6_K,Q3_K,IQ4_XS,IQ2_XXS).")
 @click.option("--n-gen", default=64, show_default=True, type=click.IntRange(8, 1024), help="With --engine: decode steps per run (tg).")
 @click.option("--n-prompt", default=128, show_default=True, type=click.IntRange(0, 2048), help="With --engine: prompt tokens (pp; 0: none).")
 @click.option("--realtime", is_flag=True, help="Time at real-time priority (root): other processes stay off the cores meanwhile.")

@@ -194,8 +194,15 @@ LLAMA_CPP_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q4_0", "
 # the types of the common presets (Q4_K_M, Q8_0, Q4_0/Q4_1 files), with Q5_0: llama.cpp's quantizer writes
 # a Q4_K_M file's Q4_K rows as Q5_0 where a row is not a multiple of 256 wide (SmolLM2's 576: half
 # its bytes), and Q5_0's stand-in of then (Q6_K) missed its prefill by +80 % on an AMX Xeon, 2026-12-03
-# (its stand-in now, Q8_0's tinyBLAS share, still +15 %: an upper bound)
-QUICK_TYPES = ("F16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+# (its stand-in now, Q8_0's tinyBLAS share, still +15 %: an upper bound); these are timed on toy-stream too
+COMMON_PRESET_TYPES = ("F16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+# `--types quick`: those, and one member of each kernel family whose rate the others do not predict:
+# IQ2_XXS for the IQ grid types (from Q4_K's rate they were timed +134 ... +260 % fast on the Xeon,
+# +447 ... +760 % on a Zen 4 VM whose Q4_K runs at twice Q4_1's bytes a second), Q3_K (from Q4_K: +140 %
+# on that Zen 4) and IQ4_XS (+113 %), the main types of the Q3_K_M and IQ4_XS presets. Each type left
+# out on both CPUs' full profiles (benchmarks/stand_in_errors.py), the worst decode stand-in from the
+# quick types goes from +566 % to +59 % (TQ1_0), the median from 112 % to 13 % (Zen 4), 35 % to 19 % (Xeon)
+QUICK_TYPES = (*COMMON_PRESET_TYPES, "Q3_K", "IQ4_XS", "IQ2_XXS")
 
 
 def _bench_measurement(path: str, threads: int, what: str, n_prompt: int, n_gen: int, repeats: int, rt: bool,
@@ -241,7 +248,7 @@ def llama_cpp_plan(types: tuple[str, ...] = tuple(LLAMA_CPP_TYPES), shapes: tupl
                    rt: bool = False, directory: str | None = None, rounds: int = 1, probe: bool = True) -> list[Step]:
     """Steps that time llama.cpp on pure-type toy models: tg at 1 thread and at every core, pp at
     every core, on validate.FIT_MODELS (two shapes, so the per-layer cost is not confounded with
-    the bytes), and tg of the common types (QUICK_TYPES) on toy-stream too (a third size, ~5x the
+    the bytes), and tg of the common presets' types (COMMON_PRESET_TYPES) on toy-stream too (a third size, ~5x the
     L3 cache at 4.5 bits a weight: the DRAM stall is told apart from the kernels' rates). The toys
     are written and quantized on first use (validate.toy_model's cache).
 
@@ -288,7 +295,7 @@ def _llama_cpp_round(types, shapes, threads, n_gen, n_prompt, repeats, rt, direc
     from .validate import STREAM_MODEL, STREAM_TYPES, TOY_MODELS, decode_bytes_by_type, level_probe, toy_model
 
     steps = []
-    quick = tuple(t for t in types if t in QUICK_TYPES)
+    quick = tuple(t for t in types if t in COMMON_PRESET_TYPES)
     # one type on every shape, then the next: a shared VM's speed moves within minutes, and a type's
     # rate is fitted on its runs of both shapes (and toy-stream), so they are timed back to back
     # (by shape first, toy-thin Q4_0 / toy-wide Q4_0 prefill came out 0.82 at calibrate and 1.03
