@@ -359,3 +359,82 @@ def test_quick_types_cover_every_matrix_type_of_the_common_presets_on_any_width(
             seen |= matrices
     assert "Q5_0" in seen  # toy-smol Q4_K_M: 576 = 2.25 x 256, so its Q4_K rows are Q5_0 (18 blocks of 32)
     assert set(cal.QUICK_TYPES) <= set(cal.LLAMA_CPP_TYPES)  # every quick type has a toy calibrate can write
+
+
+def _figure(samples, probe):
+    extra = {"n_layer": 6, "bytes_by_type": {"Q4_0": 7e7}, "probe": list(probe)}
+    return cal.Measurement("llama.cpp tg", "tok/s", tuple(samples), extra=extra)
+
+
+def test_a_later_round_keeps_the_probe_beside_each_of_its_repetitions():
+    """Two rounds of one figure: the samples of both (round 1: 900, 910 beside a probe at 1100, 1120;
+    round 2: 1300, 1290 beside 1500, 1510), and the probe's runs of both in the same order, so each
+    sample still has the probe that ran around it (until 2026-12-04 the second round's probe list
+    replaced the first's: four samples beside two probe runs, and the fit fell back to the fastest)."""
+    rounds = iter([_figure((900.0, 910.0), (1100.0, 1120.0)), _figure((1300.0, 1290.0), (1500.0, 1510.0))])
+    step = cal.Step("llama_cpp.runs.toy-wide.Q4_0.2.tg", "x", lambda: next(rounds))
+    profile = cal.run_calibration([step, step], gpu=False)
+    got = profile["llama_cpp"]["runs"]["toy-wide"]["Q4_0"]["2"]["tg"]
+    assert got["samples"] == [900.0, 910.0, 1300.0, 1290.0]
+    assert got["extra"]["probe"] == [1100.0, 1120.0, 1500.0, 1510.0]
+    # a round without the probe (--no-probe then) cannot be paired: no probe list at all, not a wrong one
+    rounds = iter([_figure((900.0, 910.0), (1100.0, 1120.0)),
+                   cal.Measurement("llama.cpp tg", "tok/s", (1300.0,), extra={"n_layer": 6, "bytes_by_type": {"Q4_0": 7e7}})])
+    got = cal.run_calibration([step, step], gpu=False)["llama_cpp"]["runs"]["toy-wide"]["Q4_0"]["2"]["tg"]
+    assert got["samples"] == [900.0, 910.0, 1300.0] and "probe" not in got["extra"]
+
+
+def test_retime_times_again_only_the_figures_that_ran_in_a_slow_spell():
+    """Figure A (toy-thin) ran while the probe was at 1000-1050 tok/s; figure B (toy-wide) beside a probe
+    at 1500 and 1480. The probe's fastest run is 1500, the machine's level the median of its runs
+    within 90 % of it (>= 1350): 1490; A's probe never reached 0.9 x 1490 = 1341, so A is timed again,
+    B is not. A's second run is at level (probe 1495): no figure is left slow and the passes stop."""
+    calls = {"A": 0, "B": 0}
+    a_runs = iter([_figure((600.0, 605.0), (1000.0, 1050.0)), _figure((700.0, 702.0), (1495.0, 1490.0))])
+
+    def run_a():
+        calls["A"] += 1
+        return next(a_runs)
+
+    def run_b():
+        calls["B"] += 1
+        return _figure((1400.0, 1390.0), (1500.0, 1480.0))
+
+    a = cal.Step("llama_cpp.runs.toy-thin.Q4_0.2.tg", "A", run_a)
+    b = cal.Step("llama_cpp.runs.toy-wide.Q4_0.2.tg", "B", run_b)
+    best, level = cal.probe_levels({"toy-thin": {"Q4_0": {"2": {"tg": {"samples": [1], "extra": {"probe": [1000.0, 1050.0]}}}}},
+                                    "toy-wide": {"Q4_0": {"2": {"tg": {"samples": [1], "extra": {"probe": [1500.0, 1480.0]}}}}}})
+    assert best[("2", "tg")] == 1500.0 and level[("2", "tg")] == pytest.approx(1490.0)
+    seen = []
+    profile = cal.run_calibration([a, b], on_step=lambda s, m, why: seen.append((s.label, s.again)), gpu=False, retime=3)
+    assert calls == {"A": 2, "B": 1}
+    assert profile["llama_cpp"]["retimed"] == [["llama_cpp.runs.toy-thin.Q4_0.2.tg"]]
+    assert seen[-1] == ("A again (every repetition ran in a slow spell)", True) and [s for s in seen if s[1]] == seen[-1:]
+    got = profile["llama_cpp"]["runs"]["toy-thin"]["Q4_0"]["2"]["tg"]
+    assert got["samples"] == [600.0, 605.0, 700.0, 702.0] and got["extra"]["probe"] == [1000.0, 1050.0, 1495.0, 1490.0]
+    assert cal.slow_figures(profile) == []
+
+
+def test_retime_stops_when_a_pass_leaves_the_slow_figures_as_they_were():
+    """A slow spell that lasts: A's probe stays at 1000 beside B's 1500 in every pass. Pass 1 times A
+    again, it stays slow (one figure before, one after) and no second pass runs: 2 runs of A with
+    retime=5, not 6; with retime=0, none again."""
+    calls = []
+
+    a = cal.Step("llama_cpp.runs.toy-thin.Q4_0.2.tg", "A", lambda: calls.append("A") or _figure((600.0, 601.0), (1000.0, 1001.0)))
+    b = cal.Step("llama_cpp.runs.toy-wide.Q4_0.2.tg", "B", lambda: _figure((1400.0, 1399.0), (1500.0, 1499.0)))
+    profile = cal.run_calibration([a, b], gpu=False, retime=5)
+    assert calls == ["A", "A"] and profile["llama_cpp"]["retimed"] == [["llama_cpp.runs.toy-thin.Q4_0.2.tg"]]
+    assert cal.slow_figures(profile) == ["llama_cpp.runs.toy-thin.Q4_0.2.tg"]
+    calls.clear()
+    assert "retimed" not in cal.run_calibration([a, b], gpu=False, retime=0)["llama_cpp"] and calls == ["A"]
+
+
+def test_retime_out_of_range_is_refused_before_anything_is_measured():
+    from inferlab.api import calibrate
+
+    for bad in (-1, 11, 1.5, True):
+        with pytest.raises(InvalidValueError, match="retime must be an integer from 0 to 10"):
+            calibrate(retime=bad, save=False)
+    got = CliRunner().invoke(cli, ["calibrate", "--engine", "llama.cpp", "--retime", "11", "--no-save"])
+    assert got.exit_code == 2 and "--retime" in got.output and "0<=x<=10" in got.output

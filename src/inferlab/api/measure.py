@@ -26,25 +26,29 @@ class CalibrationReport(Report):
 
 def calibrate(*, threads: tuple[int, ...] | None = None, repeats: int = 5, size_mib: int | None = None, engine: str = "none",
               types: tuple[str, ...] | None = None, n_gen: int = 64, n_prompt: int = 128, realtime: bool = False,
-              accept_noisy: bool = False, save: bool = True, rounds: int = 1, probe: bool = True,
+              accept_noisy: bool = False, save: bool = True, rounds: int = 1, probe: bool = True, retime: int = 2,
               on_step: Callable[[Any, Any, str], None] | None = None) -> CalibrationReport:
     """Measure memory bandwidth and matmul throughput here (and llama.cpp's kernels per ggml type
     with ``engine="llama.cpp"``); save the profile `--on local` uses. A profile whose figures are
     unstable, or were measured on a busy machine, raises UnstableMeasurementError unless
     ``accept_noisy`` (then it is saved flagged). ``rounds``: passes over the llama.cpp figures;
-    ``probe``: time each llama.cpp repetition between two runs of the level probe (llama_cpp_plan)."""
+    ``probe``: time each llama.cpp repetition between two runs of the level probe (llama_cpp_plan);
+    ``retime``: passes that time again the llama.cpp figures whose every repetition ran in a slow
+    spell (run_calibration)."""
     from ..hardware import calibrate as cal
 
     if engine not in ("none", "llama.cpp"):
         raise UnknownNameError("calibration engine", engine, ("none", "llama.cpp"))
     if types and engine == "none":
         raise InvalidValueError("types need engine='llama.cpp'")
+    if isinstance(retime, bool) or not isinstance(retime, int) or not 0 <= retime <= 10:
+        raise InvalidValueError(f"retime must be an integer from 0 to 10, got {retime!r}")
     steps = cal.plan(threads, size_mib * 2**20 if size_mib else None, repeats)
     if engine == "llama.cpp":
         steps += cal.llama_cpp_plan(types or tuple(cal.LLAMA_CPP_TYPES), n_gen=n_gen, n_prompt=n_prompt, repeats=3, rt=realtime,
                                     rounds=rounds, probe=probe)
     with cal.realtime(realtime):
-        profile = cal.run_calibration(steps, on_step)
+        profile = cal.run_calibration(steps, on_step, retime=retime)
     if profile["problems"] and not accept_noisy and save:
         raise cal.UnstableMeasurementError(profile["problems"], kept=_keep_rejected(profile))
     if profile["problems"]:

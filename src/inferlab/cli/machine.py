@@ -64,12 +64,15 @@ def machine(gpu: str | None, cpu: str | None, no_profile: bool, as_json: bool) -
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 10),
               help="With --engine: passes over the llama.cpp figures (each keeps the repetitions of every pass).")
 @click.option("--no-probe", is_flag=True, help="With --engine: do not time the level probe (toy-wide Q4_K) around each repetition.")
+@click.option("--retime", default=2, show_default=True, type=click.IntRange(0, 10),
+              help="With --engine: passes that time again the figures none of whose repetitions ran at the machine's level "
+                   "(the probe slow throughout); stops early when a pass leaves as many.")
 @click.option("--no-save", is_flag=True, help="Measure and print, do not write the profile.")
 @click.option("--accept-rejected", is_flag=True,
               help="Measure nothing: save the figures of the last run refused as noisy (kept beside the profile) as the profile, flagged.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: str, types: str | None, n_gen: int, n_prompt: int,
-              realtime: bool, accept_noisy: bool, rounds: int, no_probe: bool, no_save: bool, accept_rejected: bool,
+              realtime: bool, accept_noisy: bool, rounds: int, no_probe: bool, retime: int, no_save: bool, accept_rejected: bool,
               as_json: bool) -> None:
     """Measure memory bandwidth and matmul throughput here (and llama.cpp's kernels with --engine);
     save the machine profile `--on local` uses. Figures are the best sustained repetition; a
@@ -122,11 +125,13 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
             else:
                 line = f"{step.label}: skipped ({why})"
             progress.console.print(line) if not as_json else None
+            if getattr(step, "again", False):  # timed again beyond the plan (--retime)
+                progress.update(task, total=progress.tasks[0].total + 1)
             progress.update(task, advance=1, description=step.label)
 
         report = calibrate_api(threads=counts, repeats=repeats, size_mib=size_mib, engine=engine, types=type_list, n_gen=n_gen,
                                n_prompt=n_prompt, realtime=realtime, accept_noisy=accept_noisy, save=not no_save, on_step=on_step,
-                               rounds=rounds, probe=not no_probe)
+                               rounds=rounds, probe=not no_probe, retime=retime)
     profile, where = report.profile, report.saved_to
     if as_json:
         click.echo(json.dumps(profile, indent=1))

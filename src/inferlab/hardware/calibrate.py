@@ -147,6 +147,7 @@ class Step:
     key: str  # where the figure goes in the profile, dotted
     label: str
     run: Callable[[], Measurement]
+    again: bool = False  # a figure timed again after the planned steps (run_calibration's retime), beyond the plan's count
 
 
 def plan(threads: tuple[int, ...] | None = None, total_bytes: int | None = None, repeats: int = 5,
@@ -431,6 +432,48 @@ def nominal_fp32_peak_tflops() -> float | None:
     return cores * cpu.max_mhz * 1e6 * FP32_FLOP_PER_CYCLE[cpu.simd] / 1e12
 
 
+def probe_levels(runs: dict) -> tuple[dict, dict]:
+    """(fastest, level) of the level probe at each (threads, test) over a calibration's llama.cpp
+    ``runs`` (profile["llama_cpp"]["runs"]): its fastest run, and the machine's level, the median of
+    its runs within validate.FAST_LEVEL of that fastest (the machine undisturbed)."""
+    from .validate import FAST_LEVEL
+
+    probe_runs: dict[tuple[str, str], list[float]] = {}
+    for by_type in runs.values():
+        for by_threads in by_type.values():
+            for t, m in by_threads.items():
+                for what, fig in m.items():
+                    probe_runs.setdefault((t, what), []).extend((fig.get("extra") or {}).get("probe") or ())
+    best = {k: max(v) for k, v in probe_runs.items() if v}
+    return best, {k: statistics.median(v for v in probe_runs[k] if v >= FAST_LEVEL * b) for k, b in best.items()}
+
+
+def slow_figures(profile: dict) -> list[str]:
+    """Keys (Step.key) of the llama.cpp figures none of whose repetitions ran while the level probe
+    around them reached validate.FAST_LEVEL of the machine's level over the whole calibration
+    (probe_levels): every one ran in a slow spell. A figure's bar while it was timed was the probe's
+    fastest run so far, and early in a run that can be a slow spell's: on a Zen 4 VM, 2026-12-04, 30 of
+    165 figures of a full calibration had no repetition at the final level (toy-thin Q4_0 prefill's
+    probe at most 0.83 of it). Such a figure can only be carried by its ratio to the probe, and a slow
+    spell does not slow every kernel alike (the same VM, minutes apart: toy-wide Q4_0 / the probe
+    1.06 with the probe at 0.88 of its level, 0.97 at level; toy-thin Q4_K 0.82 and 0.93), so
+    run_calibration times these again (``retime``)."""
+    from .validate import FAST_LEVEL
+
+    runs = (profile.get("llama_cpp") or {}).get("runs") or {}
+    _, level = probe_levels(runs)
+    out = []
+    for model, by_type in runs.items():
+        for ty, by_threads in by_type.items():
+            for t, m in by_threads.items():
+                for what, fig in m.items():
+                    probe = (fig.get("extra") or {}).get("probe") or []
+                    if (t, what) in level and len(probe) == len(fig.get("samples", ())) and \
+                            not any(b >= FAST_LEVEL * level[(t, what)] for b in probe):
+                        out.append(f"llama_cpp.runs.{model}.{ty}.{t}.{what}")
+    return out
+
+
 def llama_cpp_reference(profile: dict) -> dict:
     """The profile's llama.cpp runs fitted into a reference (the shape of a data/cpu_limits.json
     entry): per-core rates, parallel efficiency, overhead per layer, prefill shares of the fp32
@@ -447,19 +490,7 @@ def llama_cpp_reference(profile: dict) -> dict:
     stream = []
     pp_runs = []
     measured = profile.get("llama_cpp", {}).get("runs", {})
-    # the level probe's fastest run at each thread count and test over the whole calibration (the
-    # machine's level is the median of the probe's runs within FAST_LEVEL of it, below)
-    probe_runs: dict[tuple[str, str], list[float]] = {}
-    for by_type in measured.values():
-        for by_threads in by_type.values():
-            for t, m in by_threads.items():
-                for what, fig in m.items():
-                    probe_runs.setdefault((t, what), []).extend((fig.get("extra") or {}).get("probe") or ())
-    probe_best = {k: max(v) for k, v in probe_runs.items() if v}
-    # the level: the median of the probe's runs within FAST_LEVEL of its fastest (the machine
-    # undisturbed), what a figure's speed relative to the probe is scaled by when none of its own
-    # repetitions ran at that level
-    probe_level = {k: statistics.median(v for v in probe_runs[k] if v >= FAST_LEVEL * best) for k, best in probe_best.items()}
+    probe_best, probe_level = probe_levels(measured)
 
     def tok_s(fig: dict, t: str, what: str) -> float:
         probe = (fig.get("extra") or {}).get("probe")
@@ -588,11 +619,17 @@ def problems(profile: dict) -> list[str]:
 
 
 def run_calibration(steps: list[Step], on_step: Callable[[Step, Measurement | None, str], None] | None = None,
-                    gpu: bool = True) -> dict:
+                    gpu: bool = True, retime: int = 0) -> dict:
     """Run the steps, return the profile dict (not yet saved). A step that cannot run (no torch,
     no int8 kernels) is recorded under "skipped" with the reason instead of failing the run. The
     llama.cpp runs, when there are some, are fitted into this CPU's rates (profile["llama_cpp"]
-    ["reference"]); profile["problems"] lists what makes figures untrustworthy (``problems``)."""
+    ["reference"]); profile["problems"] lists what makes figures untrustworthy (``problems``).
+
+    ``retime``: after the steps, up to that many passes over the llama.cpp figures none of whose
+    repetitions ran at the machine's level (slow_figures), each timed again by its step (the
+    repetitions of both kept); the passes stop when none is left or a pass left as many as before
+    (a slow spell that lasts). Such a step is reported as a Step with ``again`` set; the keys timed
+    again in each pass are kept in profile["llama_cpp"]["retimed"]."""
     from ..errors import InferlabError
     from .probes.cpu import probe_cpu
 
@@ -606,18 +643,33 @@ def run_calibration(steps: list[Step], on_step: Callable[[Step, Measurement | No
                               "l3_bytes": cpu.l3_bytes if cpu else None},
                      "cpu": {}, "gpu": {}, "skipped": {}}
     t_start = time.perf_counter()
-    for step in steps:
+
+    def run(step: Step) -> None:
         try:
             m = step.run()
         except (InferlabError, ImportError, RuntimeError, MemoryError) as exc:
             profile["skipped"][step.key] = str(exc)
             if on_step:
                 on_step(step, None, str(exc))
-            continue
+            return
         old = _get(profile, step.key)
         _put(profile, step.key, _merged(old, m) if old else m.to_json())  # a later round of the same figure: both rounds' samples
         if on_step:
             on_step(step, m, "")
+
+    for step in steps:
+        run(step)
+    by_key = {s.key: s for s in steps}
+    left = None
+    for _ in range(retime):
+        slow = [k for k in slow_figures(profile) if k in by_key]
+        if not slow or (left is not None and len(slow) >= left):
+            break
+        profile.setdefault("llama_cpp", {}).setdefault("retimed", []).append(slow)
+        for k in slow:
+            s = by_key[k]
+            run(Step(s.key, f"{s.label} again (every repetition ran in a slow spell)", s.run, again=True))
+        left = len(slow)
     if gpu:
         try:
             import torch
@@ -657,7 +709,13 @@ def _merged(old: dict, m: Measurement) -> dict:
     """A figure measured again in a later round: the samples of every round, best and spread over
     all of them; the interference of the round that ran the fastest repetition (the one scored),
     every round's kept under interference_rounds."""
-    both = Measurement(m.what, m.unit, tuple(old["samples"]) + tuple(m.samples), m.detail, extra=m.extra or old.get("extra"))
+    extra = dict(m.extra or old.get("extra") or {})
+    probes = [(x.get("probe"), len(n)) for x, n in ((old.get("extra") or {}, old["samples"]), (m.extra or {}, m.samples))]
+    if all(p is not None and len(p) == n for p, n in probes):  # the level probe around each repetition of both rounds
+        extra["probe"] = list(probes[0][0]) + list(probes[1][0])
+    elif "probe" in extra:  # one round without its probe: the probe's runs no longer pair with the samples
+        del extra["probe"]
+    both = Measurement(m.what, m.unit, tuple(old["samples"]) + tuple(m.samples), m.detail, extra=extra or None)
     out = both.to_json()
     rounds = old.get("interference_rounds") or ([old["interference"]] if "interference" in old else [])
     new = m.interference.to_json() if m.interference is not None else None
