@@ -126,7 +126,7 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
                 line = f"{step.label}: skipped ({why})"
             progress.console.print(line) if not as_json else None
             if getattr(step, "again", False):  # timed again beyond the plan (--retime)
-                progress.update(task, total=progress.tasks[0].total + 1)
+                progress.update(task, total=(progress.tasks[0].total or n_steps) + 1)
             progress.update(task, advance=1, description=step.label)
 
         report = calibrate_api(threads=counts, repeats=repeats, size_mib=size_mib, engine=engine, types=type_list, n_gen=n_gen,

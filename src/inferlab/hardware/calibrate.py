@@ -710,9 +710,9 @@ def _merged(old: dict, m: Measurement) -> dict:
     all of them; the interference of the round that ran the fastest repetition (the one scored),
     every round's kept under interference_rounds."""
     extra = dict(m.extra or old.get("extra") or {})
-    probes = [(x.get("probe"), len(n)) for x, n in ((old.get("extra") or {}, old["samples"]), (m.extra or {}, m.samples))]
-    if all(p is not None and len(p) == n for p, n in probes):  # the level probe around each repetition of both rounds
-        extra["probe"] = list(probes[0][0]) + list(probes[1][0])
+    p_old, p_new = (old.get("extra") or {}).get("probe"), (m.extra or {}).get("probe")
+    if p_old is not None and p_new is not None and len(p_old) == len(old["samples"]) and len(p_new) == len(m.samples):
+        extra["probe"] = list(p_old) + list(p_new)  # the level probe around each repetition of both rounds
     elif "probe" in extra:  # one round without its probe: the probe's runs no longer pair with the samples
         del extra["probe"]
     both = Measurement(m.what, m.unit, tuple(old["samples"]) + tuple(m.samples), m.detail, extra=extra or None)
