@@ -432,6 +432,15 @@ def nominal_fp32_peak_tflops() -> float | None:
     return cores * cpu.max_mhz * 1e6 * FP32_FLOP_PER_CYCLE[cpu.simd] / 1e12
 
 
+def _figures(runs: dict):
+    """(model, type, threads, test, figure) of every figure in profile["llama_cpp"]["runs"]."""
+    for model, by_type in runs.items():
+        for ty, by_threads in by_type.items():
+            for t, m in by_threads.items():
+                for what, fig in m.items():
+                    yield model, ty, t, what, fig
+
+
 def probe_levels(runs: dict) -> tuple[dict, dict]:
     """(fastest, level) of the level probe at each (threads, test) over a calibration's llama.cpp
     ``runs`` (profile["llama_cpp"]["runs"]): its fastest run, and the machine's level, the median of
@@ -439,11 +448,8 @@ def probe_levels(runs: dict) -> tuple[dict, dict]:
     from .validate import FAST_LEVEL
 
     probe_runs: dict[tuple[str, str], list[float]] = {}
-    for by_type in runs.values():
-        for by_threads in by_type.values():
-            for t, m in by_threads.items():
-                for what, fig in m.items():
-                    probe_runs.setdefault((t, what), []).extend((fig.get("extra") or {}).get("probe") or ())
+    for _, _, t, what, fig in _figures(runs):
+        probe_runs.setdefault((t, what), []).extend((fig.get("extra") or {}).get("probe") or ())
     best = {k: max(v) for k, v in probe_runs.items() if v}
     return best, {k: statistics.median(v for v in probe_runs[k] if v >= FAST_LEVEL * b) for k, b in best.items()}
 
@@ -455,22 +461,19 @@ def slow_figures(profile: dict) -> list[str]:
     fastest run so far, and early in a run that can be a slow spell's: on a Zen 4 VM, 2026-12-04, 30 of
     165 figures of a full calibration had no repetition at the final level (toy-thin Q4_0 prefill's
     probe at most 0.83 of it). Such a figure can only be carried by its ratio to the probe, and a slow
-    spell does not slow every kernel alike (the same VM, minutes apart: toy-wide Q4_0 / the probe
-    1.06 with the probe at 0.88 of its level, 0.97 at level; toy-thin Q4_K 0.82 and 0.93), so
+    spell does not slow every kernel alike (the same VM: toy-wide Q4_0 / the probe 0.97 at level and
+    1.06 ten minutes later with the probe at 0.91 of its level; toy-thin Q4_K 0.93 at level in the
+    15:49 calibration, 0.82 at 0.87 of it hours later), so
     run_calibration times these again (``retime``)."""
     from .validate import FAST_LEVEL
 
     runs = (profile.get("llama_cpp") or {}).get("runs") or {}
     _, level = probe_levels(runs)
     out = []
-    for model, by_type in runs.items():
-        for ty, by_threads in by_type.items():
-            for t, m in by_threads.items():
-                for what, fig in m.items():
-                    probe = (fig.get("extra") or {}).get("probe") or []
-                    if (t, what) in level and len(probe) == len(fig.get("samples", ())) and \
-                            not any(b >= FAST_LEVEL * level[(t, what)] for b in probe):
-                        out.append(f"llama_cpp.runs.{model}.{ty}.{t}.{what}")
+    for model, ty, t, what, fig in _figures(runs):
+        probe = (fig.get("extra") or {}).get("probe") or []
+        if (t, what) in level and len(probe) == len(fig.get("samples", ())) and not any(b >= FAST_LEVEL * level[(t, what)] for b in probe):
+            out.append(f"llama_cpp.runs.{model}.{ty}.{t}.{what}")
     return out
 
 
