@@ -438,3 +438,96 @@ def test_retime_out_of_range_is_refused_before_anything_is_measured():
             calibrate(retime=bad, save=False)
     got = CliRunner().invoke(cli, ["calibrate", "--engine", "llama.cpp", "--retime", "11", "--no-save"])
     assert got.exit_code == 2 and "--retime" in got.output and "0<=x<=10" in got.output
+
+
+def _ladder(ramp=(85e6, 120e6), stall=3e-11, rate=36e9, overhead=80e-6):
+    """The cache ladder of a known machine: toy-wide's width at 2 ... 24 layers, every matrix Q4_K:
+    8.55 MB a layer (15.20 M weights x 0.5625 bytes) and an 18.4 MB head (32000 x 1024 x 0.5625),
+    each token n_layer x overhead + B / rate + dram_share(B) x B x stall."""
+    from inferlab.perf.cpu_model import dram_share
+
+    out = []
+    for nl in (2, 4, 6, 8, 10, 12, 15, 18, 24):
+        b = nl * 15_204_352 * 0.5625 + 32000 * 1024 * 0.5625
+        out.append({"n_layer": nl, "bytes": b, "s_per_token": nl * overhead + b / rate + dram_share(b, ramp) * b * stall})
+    return out
+
+
+def test_the_cache_ladder_finds_where_decode_weights_leave_the_cache():
+    """Truth: 80 us a layer, Q4_K 36 GB/s in the cache, its weights from DRAM on a ramp from 85 to
+    120 MB, 30 ps a byte of stall. 10 layers: B = 10 x 8.553 + 18.432 = 103.96 MB, share (103.96 -
+    85) / 35 = 0.5417, a token 0.8 + 2.8878 + 0.5417 x 103.96e6 x 3e-11 = 1.6895 ms more = 5.377 ms
+    (186 tok/s). The fit over a grid of ramps (steps of (223.6 - 35.5) / 60 = 3.1 MB) gives the
+    machine back within a grid step. A ladder with no step up, or one past the cache from its first
+    size (every run's share 1: a line in the bytes like no stall at all), gives no ramp."""
+    lad = _ladder()
+    assert lad[4]["s_per_token"] == pytest.approx(5.377e-3, rel=1e-3)
+    fit = cal.fit_cache_ramp(lad)
+    step = (lad[-1]["bytes"] - lad[0]["bytes"]) / 60
+    assert fit["ramp_bytes"][0] == pytest.approx(85e6, abs=step) and fit["ramp_bytes"][1] == pytest.approx(120e6, abs=step)
+    assert fit["stall_s_per_byte"] == pytest.approx(3e-11, rel=0.1) and fit["rate_bytes_per_s"] == pytest.approx(36e9, rel=0.05)
+    assert cal.fit_cache_ramp(_ladder(stall=0.0)) is None
+    assert cal.fit_cache_ramp(_ladder(ramp=(10e6, 20e6))) is None  # past the cache already at 35 MB
+    assert cal.fit_cache_ramp(lad[:3]) is None  # too few sizes to tell
+
+
+def test_the_cache_ladder_measured_on_a_xeon_guest_steps_where_its_speed_falls():
+    """The ladder as measured (fixtures/xeon_cache_ladder_2026-12-05.json, 2 threads, two rounds):
+    toy-wide Q4_K decode streams 30-33 GB/s at 35 and 53 MB, 29-30 at 70, 27 at 87, 19-22 at 104,
+    then 15-16 GB/s at 121, 147, 172 and 224 MB: flat once past (all the bytes from DRAM, not the
+    bytes past a cache size, which would keep falling). So the ramp starts past 53 MB and ends
+    before 147 MB; the stall is about 1/15.7 - 1/30 GB/s = 30 ps a byte (20-45 here); lscpu's
+    480 MiB (503 MB) L3 lies far past it. Each round's figure: its fastest repetition."""
+    import pathlib
+
+    d = json.loads((pathlib.Path(__file__).parent / "fixtures" / "xeon_cache_ladder_2026-12-05.json").read_text())
+    lad = [{"n_layer": r["n_layer"], "bytes": r["weight_bytes"], "s_per_token": 1 / max(r["tok_s"])} for r in d["runs"]]
+    gbs = {round(r["bytes"] / 1e6): r["bytes"] / r["s_per_token"] / 1e9 for r in lad}
+    assert min(gbs[70], gbs[53]) > 28 and max(gbs[121], gbs[147], gbs[172], gbs[224]) < 17  # the data as described
+    fit = cal.fit_cache_ramp(lad)
+    lo, hi = fit["ramp_bytes"]
+    assert 53e6 < lo < hi < 147e6 and 20e-12 < fit["stall_s_per_byte"] < 45e-12
+    assert hi < 480 * 2**20 / 3  # far below lscpu's L3
+
+
+def test_calibrate_prices_every_decode_run_by_the_ladders_ramp(monkeypatch):
+    """A profile of runs made by hand on the known machine of _ladder (2 threads): the ladder, and
+    Q8_0 on toy-thin (24 layers, 97.6 MB), toy-wide (6, 131.7 MB) and toy-stream (15, 277.1 MB) at
+    25 GB/s with the same stall and ramp: Q8_0 toy-thin is 0.36 past the ramp ((97.6 - 85) / 35), a
+    token 24 x 80e-6 + 97.6e6 / 25e9 + 0.36 x 97.6e6 x 3e-11 = 6.9 ms. The reference holds the
+    ramp, one stall (30 ps) and the rates; a 200 MB step then waits 200e6 x 3e-11 = 6 ms on DRAM,
+    a 60 MB one none. Without the ladder the profile falls back to lscpu's L3 and says so."""
+    from inferlab.hardware import validate as v
+    from inferlab.hardware.device import Device
+    from inferlab.perf.cpu_model import attach_rates, dram_share, dram_stall_s
+
+    monkeypatch.setattr(v, "physical_cores", lambda: 2)
+    monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
+
+    def m(s, nl, ty, b):
+        return {"tg": cal.Measurement("x", "tok/s", (1 / s, 1 / s), extra={"n_layer": nl, "bytes_by_type": {ty: b}}).to_json()}
+
+    names = dict(zip((2, 4, 6, 8, 10, 12, 15, 18, 24), ("toy-wide-2", "toy-wide-4", "toy-wide", "toy-wide-8", "toy-wide-10",
+                                                        "toy-wide-12", "toy-stream", "toy-wide-18", "toy-wide-24")))
+    runs: dict = {}
+    for r in _ladder():
+        runs.setdefault(names[r["n_layer"]], {})["Q4_K"] = {"2": m(r["s_per_token"], r["n_layer"], "Q4_K", r["bytes"])}
+    for model, nl, b in (("toy-thin", 24, 97.6e6), ("toy-wide", 6, 131.7e6), ("toy-stream", 15, 277.1e6)):
+        s = nl * 80e-6 + b / 25e9 + dram_share(b, (85e6, 120e6)) * b * 3e-11
+        runs.setdefault(model, {})["Q8_0"] = {"2": m(s, nl, "Q8_0", b)}
+    assert runs["toy-thin"]["Q8_0"]["2"]["tg"]["best"] == pytest.approx(1 / 6.9e-3, rel=0.01)
+    profile = {"date": "2026-12-05T14:00:00+00:00", "host": {"cpu": "test CPU", "features": ["avx2"], "name": "box", "l3_bytes": 480 * 2**20},
+               "cpu": {}, "llama_cpp": {"runs": runs}}
+    ref = cal.llama_cpp_reference(profile)
+    lo, hi = ref["dram_ramp_bytes"]
+    assert lo == pytest.approx(85e6, abs=3.2e6) and hi == pytest.approx(120e6, abs=3.2e6)
+    assert ref["dram_stall_s_per_byte_by_threads"]["2"] == pytest.approx(3e-11, rel=0.1)
+    assert ref["rates_bytes_per_s_by_threads"]["2"] == pytest.approx({"Q4_K": 36e9, "Q8_0": 25e9}, rel=0.05)
+    dev = Device("test CPU", 25.0, 12.0, 0.1, backend="cpu", n_cores=2, notes="ISA: fma, f16c, avx2", source="test: ladder rates")
+    attach_rates(dev, ref)
+    assert dram_stall_s(dev, 200e6, 2) == pytest.approx(6e-3, rel=0.1) and dram_stall_s(dev, 60e6, 2) == 0.0
+    for model in [k for k in runs if k.startswith("toy-wide-")]:  # no ladder: lscpu's L3, past every run here
+        del runs[model]
+    old = cal.llama_cpp_reference(profile)
+    assert old["dram_ramp_bytes"] is None and "lscpu" in old["cache_ladder"]["what"]
+    assert old["dram_stall_s_per_byte_by_threads"]["2"] == 0.0

@@ -486,6 +486,28 @@ def test_dram_stall_counts_only_the_bytes_the_l3_cannot_hold_and_only_where_meas
     assert dram_stall_s(HOST, 1e9, 2) == 0.0  # a stored reference measured none
 
 
+def test_past_the_cache_ramp_all_of_a_steps_bytes_wait_on_dram():
+    """A profile whose ladder put the ramp at 80-120 MB, 30 ps a byte on 2 threads: 60 MB, none;
+    100 MB, half of its bytes (share (100 - 80) / 40 = 0.5): 50e6 x 3e-11 = 1.5 ms; 200 MB, all of
+    them: 6 ms (bytes past a cache size would give (200 - 120) x 3e-11 = 2.4 ms). lscpu's L3 (also
+    in the profile) no longer counts."""
+    from inferlab.perf.cpu_model import dram_share, dram_stall_s
+
+    assert [dram_share(b, (80e6, 120e6)) for b in (60e6, 80e6, 100e6, 120e6, 200e6)] == pytest.approx([0, 0, 0.5, 1, 1])
+    dev = replace(HOST, source="test: ramp rates")
+    ref = dict(limits()["references"][0], id="ramp", date="2026-12-05", l3_bytes=480 * 2**20, dram_ramp_bytes=[80e6, 120e6],
+               dram_stall_s_per_byte_by_threads={"1": 0.0, "2": 3e-11})
+    attach_rates(dev, ref)
+    assert dram_stall_s(dev, 60e6, 2) == 0.0
+    assert dram_stall_s(dev, 100e6, 2) == pytest.approx(1.5e-3) and dram_stall_s(dev, 200e6, 2) == pytest.approx(6e-3)
+    assert dram_stall_s(dev, 200e6, 1) == 0.0  # none fitted at 1 thread
+    assert "past 80-120 MB" in " ".join(rate_provenance(dev, ["Q4_K"]))  # a prediction says where decode leaves the cache
+    flat = replace(HOST, source="test: flat ladder")
+    attach_rates(flat, dict(ref, id="flat", dram_ramp_bytes=None, cache_ladder={"ladder_bytes": [35e6, 53e6, 70e6, 87e6, 224e6]}))
+    assert dram_stall_s(flat, 200e6, 2) == 0.0  # no ramp: lscpu's L3 (480 MiB, 503 MB) holds 200 MB, no stall
+    assert "up to 224 MB: decode of larger models is not verified" in " ".join(rate_provenance(flat, ["Q4_K"]))
+
+
 def test_the_calibrated_speed_model_takes_the_cpus_own_decode_eta():
     """perf_model's CPU decode (fit --on local) uses the η its rates measured (calibrate's F32
     stream toy), not the GPU-fitted or the lesson's 0.7: one bandwidth-bound step is then bytes /

@@ -50,10 +50,12 @@ def test_decode_bytes_count_every_weight_once_but_one_row_of_the_embedding(tiny_
 
 
 def test_toy_catalog_sizes_are_in_the_issue_range():
-    for cfg in v.TOY_MODELS.values():
-        assert 100e6 <= cfg.n_params <= 300e6, cfg
+    ladder_only = [m for m in v.KNEE_MODELS if m not in v.FIT_MODELS + (v.STREAM_MODEL,)]
+    for name, cfg in v.TOY_MODELS.items():
+        if name not in ladder_only:  # the cache ladder spans sizes on purpose: 2 ... 24 layers of toy-wide
+            assert 100e6 <= cfg.n_params <= 300e6, cfg
         assert cfg.n_embd % 32 == 0 and cfg.n_ff % 32 == 0  # the 32-weight block types apply to every matrix
-    for name in v.FIT_MODELS + ("toy-200m", "toy-stream"):  # the K-quant presets' models: every matrix takes a K-quant
+    for name in v.FIT_MODELS + ("toy-200m", "toy-stream", *v.KNEE_MODELS):  # the K-quant presets' models: every matrix takes a K-quant
         assert v.TOY_MODELS[name].n_embd % 256 == 0 and v.TOY_MODELS[name].n_ff % 256 == 0
     smol = v.TOY_MODELS["toy-smol"]  # SmolLM2-135M's shape, fitted on: thin (d 576) and deep (30 layers)
     assert (smol.n_layer, smol.n_embd, smol.n_ff, smol.n_head, smol.n_head_kv, smol.n_vocab) == (30, 576, 1536, 9, 3, 49152)
@@ -145,7 +147,7 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     profile = load_profile()
     ref = profile["llama_cpp"]["reference"]
     assert set(ref["per_core_bytes_per_s"]) == {"Q4_1", "Q8_0", "Q4_K", "Q6_K"}
-    assert {m["model"] for m in ref["measurements"]} == set(v.FIT_MODELS) | {v.STREAM_MODEL}  # the fit saw these shapes only
+    assert {m["model"] for m in ref["measurements"]} == set(v.FIT_MODELS) | {v.STREAM_MODEL} | set(v.KNEE_MODELS)  # the fit saw these shapes only
     assert ref["level_probe"]["best_tok_s"]  # every figure was timed beside the probe
     rows = json.loads(inferlab("validate", "--models", "toy-200m", "--presets", "Q4_K_M,Q8_0", "--gguf", smol, "--repetitions", "3",
                                "--n-prompt", "128", "--n-gen", "64", "--json", *rt))  # the lengths calibrate measured: llama.cpp's kernels change with the batch
@@ -350,7 +352,10 @@ def test_calibrate_keeps_every_rounds_samples_of_a_figure():
 def test_calibrate_times_each_type_on_every_shape_back_to_back(monkeypatch):
     """The plan's order, by hand (2 cores: threads 1 and 2; pp at 2 only; toy-stream tg only, F32
     there once at 2 threads as the bandwidth run): all of Q4_0 (toy-thin, toy-wide, then toy-stream,
-    one of the common types), then all of Q5_1 (not common: no toy-stream run), then F32."""
+    one of the common types), then all of Q5_1 (not common: no toy-stream run), then F32, then the
+    cache ladder (Q4_K decode at 2 threads on toy-wide's width, 2 ... 24 layers, toy-wide and
+    toy-stream among them: Q4_K is not among these types). With Q4_K among them the ladder follows
+    its own runs and leaves out the two it already times."""
     pytest.importorskip("llama_cpp")
     from inferlab.hardware import calibrate as cal
 
@@ -361,9 +366,17 @@ def test_calibrate_times_each_type_on_every_shape_back_to_back(monkeypatch):
     want += ["toy-stream.Q4_0.1.tg", "toy-stream.Q4_0.2.tg"]
     want += [k.format(m=m, t="Q5_1") for m in ("toy-thin", "toy-wide") for k in on_shapes]
     want += [k.format(m=m, t="F32") for m in ("toy-thin", "toy-wide") for k in on_shapes] + ["toy-stream.F32.2.tg"]
+    ladder = ["toy-wide-2", "toy-wide-4", "toy-wide", "toy-wide-8", "toy-wide-10", "toy-wide-12", "toy-stream", "toy-wide-18", "toy-wide-24"]
+    assert list(v.KNEE_MODELS) == ladder and v.KNEE_TYPE == "Q4_K"
+    want += [f"{m}.Q4_K.2.tg" for m in ladder]
     assert keys == want
-    # without F32 among the types, toy-stream F32 still runs (the bandwidth decode reaches), last
-    assert [s.key for s in cal.llama_cpp_plan(("Q5_1",))][-1] == "llama_cpp.runs.toy-stream.F32.2.tg"
+    # without F32 among the types, toy-stream F32 still runs (the bandwidth decode reaches), before the ladder
+    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q5_1",))]
+    assert keys[-10:] == ["toy-stream.F32.2.tg"] + [f"{m}.Q4_K.2.tg" for m in ladder]
+    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q4_K",))]
+    assert keys == [k.format(m=m, t="Q4_K") for m in ("toy-thin", "toy-wide") for k in on_shapes] + [
+        "toy-stream.Q4_K.1.tg", "toy-stream.Q4_K.2.tg"] + [f"{m}.Q4_K.2.tg" for m in ladder if m not in ("toy-wide", "toy-stream")] + [
+        "toy-stream.F32.2.tg"]
 
 
 def test_decode_bandwidth_comes_from_the_f32_stream_toy_even_above_calibrates_numpy_read(monkeypatch):

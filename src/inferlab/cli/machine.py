@@ -144,8 +144,14 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
                 f"{ty} {r / 1e9:.1f}" for ty, r in sorted(ref["per_core_bytes_per_s"].items())) + " GB/s; fit residual "
                 + ", ".join(f"{t} thread(s) {v:.0%}" for t, v in ref["max_rel_residual_by_threads"].items()))
             stall = {t: v for t, v in (ref.get("dram_stall_s_per_byte_by_threads") or {}).items() if v}
+            ramp, ladder = ref.get("dram_ramp_bytes"), (ref.get("cache_ladder") or {}).get("ladder_bytes") or []
+            past = (f"past {ramp[0] / 1e6:.0f}-{ramp[1] / 1e6:.0f} MB of weights (the cache ladder)" if ramp
+                     else f"past lscpu's L3 ({ref['l3_bytes'] / 2**20:.0f} MiB)" if ref.get("l3_bytes") else "")
             if stall:
-                con.print("DRAM stall past the L3: " + ", ".join(f"{t} thread(s) {v * 1e12:.1f} ps/byte" for t, v in stall.items()))
+                con.print(f"DRAM stall {past}: " + ", ".join(f"{t} thread(s) {v * 1e12:.1f} ps/byte" for t, v in stall.items()))
+            if not ramp and len(ladder) >= 4:
+                con.print(f"[yellow]no step up on the cache ladder ({ladder[0] / 1e6:.0f}-{ladder[-1] / 1e6:.0f} MB): decode of "
+                          f"models past {ladder[-1] / 1e6:.0f} MB is not verified on this machine[/]")
             for t, names in (ref.get("left_out_memory_bound_by_threads") or {}).items():
                 con.print(f"[dim]left out of the {t}-thread kernel fit as memory-bound: {', '.join(names)}[/]")
         for why in profile["problems"]:

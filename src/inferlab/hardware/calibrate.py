@@ -293,7 +293,7 @@ def _matrices_extra(path: str) -> list[list]:
 
 def _llama_cpp_round(types, shapes, threads, n_gen, n_prompt, repeats, rt, directory, said, probe=True, levels=None) -> list[Step]:
     from ..quant.types import ggml_type
-    from .validate import STREAM_MODEL, STREAM_TYPES, TOY_MODELS, decode_bytes_by_type, level_probe, toy_model
+    from .validate import KNEE_MODELS, KNEE_TYPE, STREAM_MODEL, STREAM_TYPES, TOY_MODELS, decode_bytes_by_type, level_probe, toy_model
 
     steps = []
     quick = tuple(t for t in types if t in COMMON_PRESET_TYPES)
@@ -301,15 +301,19 @@ def _llama_cpp_round(types, shapes, threads, n_gen, n_prompt, repeats, rt, direc
     # rate is fitted on its runs of both shapes (and toy-stream), so they are timed back to back
     # (by shape first, toy-thin Q4_0 / toy-wide Q4_0 prefill came out 0.82 at calibrate and 1.03
     # four minutes later, 2026-12-01)
-    for ty in (*types, *(t for t in STREAM_TYPES if t not in types)):
-        for model in (*(m for m in shapes if ty in types), *((STREAM_MODEL,) if ty in STREAM_TYPES + quick else ())):
+    # the cache ladder (validate.KNEE_MODELS) with KNEE_TYPE's runs, on every core: where decode's
+    # weights stop fitting the cache (fit_cache_ramp)
+    for ty in (*types, *(t for t in (*STREAM_TYPES, KNEE_TYPE) if t not in types)):
+        on = [*(m for m in shapes if ty in types), *((STREAM_MODEL,) if ty in STREAM_TYPES + quick else ())]
+        ladder = [m for m in KNEE_MODELS if m not in on] if ty == KNEE_TYPE else []
+        for model in (*on, *ladder):
             cfg = TOY_MODELS[model]
             block = ggml_type(ty).block_size
             if cfg.n_embd % block or cfg.n_ff % block or (cfg.n_head_kv * cfg.head_dim) % block:
                 continue  # llama.cpp would fall back to another type for some rows
             bandwidth_run = model == STREAM_MODEL and ty in STREAM_TYPES
-            for t in (threads if not bandwidth_run else (max(threads),)):
-                for what in (("tg", "pp") if t == max(threads) and n_prompt and model != STREAM_MODEL else ("tg",)):
+            for t in (threads if not bandwidth_run and model not in ladder else (max(threads),)):
+                for what in (("tg", "pp") if t == max(threads) and n_prompt and model != STREAM_MODEL and model not in ladder else ("tg",)):
                     def run(model=model, ty=ty, t=t, what=what, cfg=cfg) -> Measurement:
                         path = toy_model(model, LLAMA_CPP_TYPES[ty], pure=True, directory=directory)
                         # 2 FLOP per block weight per prompt token; the output head for the last token only
@@ -337,6 +341,49 @@ def least_squares(rows: list[tuple[list[float], float]]) -> list[float]:
                 f = m[r][c] / m[c][c]
                 m[r] = [a - f * b for a, b in zip(m[r], m[c])]
     return [m[i][n] / m[i][i] if m[i][i] else 0.0 for i in range(n)]
+
+
+KNEE_MIN_STALL_SHARE = 0.15  # a cache ramp is told apart when its stall is this share of the ladder's largest step or more
+
+
+def fit_cache_ramp(ladder: list[dict]) -> dict | None:
+    """The size at which decode's weights stop fitting this machine's last-level cache, from the
+    cache ladder (validate.KNEE_MODELS: one type at one width, more and more layers): over a grid
+    of ramps (lo < hi, see cpu_model.dram_share), least squares on relative error of
+
+        seconds per token = n_layer x overhead + bytes / rate + dram_share(bytes; lo, hi) x bytes x stall
+
+    and the ramp with the smallest squared residual. ``ladder``: dicts with n_layer, bytes (the
+    step's weight bytes), s_per_token. None when no step up is seen (the stall under
+    KNEE_MIN_STALL_SHARE of the largest run's step, or every run past the cache already: then the
+    rates alone carry it). Returns {"ramp_bytes": [lo, hi], "stall_s_per_byte", "max_rel_residual",
+    "ladder_bytes": [smallest, largest]}."""
+    runs = sorted(ladder, key=lambda r: r["bytes"])
+    if len(runs) < 4:
+        return None
+    from ..perf.cpu_model import dram_share
+
+    sizes = [r["bytes"] for r in runs]
+    lo_b, hi_b = sizes[0], sizes[-1]
+    grid = [lo_b + (hi_b - lo_b) * i / 60 for i in range(61)]
+    best = None
+    for i, lo in enumerate(grid[:-1]):
+        for hi in grid[i + 1:]:
+            rows = [([r["n_layer"] / r["s_per_token"], r["bytes"] / r["s_per_token"],
+                      dram_share(r["bytes"], (lo, hi)) * r["bytes"] / r["s_per_token"]], 1.0) for r in runs]
+            x = least_squares(rows)
+            if x[2] <= 0 or x[1] <= 0 or x[0] < 0:
+                continue
+            sq = sum((sum(a * b for a, b in zip(row, x)) - 1) ** 2 for row, _ in rows)
+            if best is None or sq < best[0]:
+                best = (sq, lo, hi, x, rows)
+    if best is None:
+        return None
+    _, lo, hi, x, rows = best
+    if x[2] * hi_b < KNEE_MIN_STALL_SHARE * runs[-1]["s_per_token"] or lo <= lo_b:
+        return None  # no step up within the ladder, or past the cache from its first size
+    return {"ramp_bytes": [lo, hi], "stall_s_per_byte": x[2], "overhead_s_per_layer": x[0], "rate_bytes_per_s": 1 / x[1],
+            "max_rel_residual": max(abs(sum(a * b for a, b in zip(row, x)) - 1) for row, _ in rows), "ladder_bytes": [lo_b, hi_b]}
 
 
 MEMORY_BOUND_SHARE = 0.9  # a run streaming this share of the bandwidth decode reached is held by memory, not its kernels
@@ -378,7 +425,6 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
         for _ in range(3):  # fit, leave out the runs memory held, fit again
             types = sorted({k for r in sel for k in weights(r)})
             dram = len({round(total(r), -6) for r in sel if "dram_bytes" in r}) >= 3 and any(r.get("dram_bytes", 0) > 0 for r in sel)
-
             rows = [([f / r["s_per_token"] for f in feats(r, types, dram)], 1.0) for r in sel]
             x = least_squares(rows)
             if dram and x[-1] < 0:  # no stall to be told apart: fit without it
@@ -477,13 +523,18 @@ def slow_figures(profile: dict) -> list[str]:
     return out
 
 
+def _weight_bytes(bytes_by_type: dict) -> float:
+    """A run's matrix bytes: F32 counts only in an F32 toy (else it is the norms, a few KB)."""
+    return sum(b for k, b in bytes_by_type.items() if k != "F32" or set(bytes_by_type) <= {"F32"})
+
+
 def llama_cpp_reference(profile: dict) -> dict:
     """The profile's llama.cpp runs fitted into a reference (the shape of a data/cpu_limits.json
     entry): per-core rates, parallel efficiency, overhead per layer, prefill shares of the fp32
     peak; with the runs, the fit's residuals and the profile's id and date."""
     from ..errors import InvalidValueError
-    from ..perf.cpu_model import split_bytes
-    from .validate import FAST_LEVEL, PROBE_MODEL, PROBE_TYPE, STREAM_MODEL, TOY_MODELS, physical_cores
+    from ..perf.cpu_model import dram_share, split_bytes
+    from .validate import FAST_LEVEL, KNEE_MODELS, KNEE_TYPE, PROBE_MODEL, PROBE_TYPE, STREAM_MODEL, TOY_MODELS, physical_cores
 
     runs = []
     n = physical_cores()
@@ -524,8 +575,6 @@ def llama_cpp_reference(profile: dict) -> dict:
                            "s_per_token": 1 / rate, "tg_tok_s": rate}
                     if x.get("matrices"):
                         run["split_bytes_by_type"] = split_bytes([tuple(mx) for mx in x["matrices"]], int(t), simd)
-                    if l3:
-                        run["dram_bytes"] = max(0.0, sum(b for k, b in x["bytes_by_type"].items() if k != "F32") - l3)
                     (stream if bandwidth_run else runs).append(run)
                 if "pp" in m:
                     x = m["pp"]["extra"]
@@ -538,6 +587,18 @@ def llama_cpp_reference(profile: dict) -> dict:
                                     "s_per_token": 1 / tok_s(m["pp"], t, "pp")})
     if not runs:
         raise InvalidValueError("the profile holds no llama.cpp runs to fit; run `inferlab calibrate --engine llama.cpp`")
+    # the bytes of each run that come from DRAM: by the cache ramp its ladder measured (every thread
+    # count: the cache is the machine's), else (a profile without the ladder) the bytes past lscpu's L3
+    t_max = max(r["threads"] for r in runs)
+    ladder = [{"n_layer": r["n_layer"], "bytes": _weight_bytes(r["bytes_by_type"]), "s_per_token": r["s_per_token"]}
+              for r in runs if r["model"] in KNEE_MODELS and r["type"] == KNEE_TYPE and r["threads"] == t_max]
+    ramp = fit_cache_ramp(ladder)
+    for r in runs:
+        total = _weight_bytes(r["bytes_by_type"])
+        if ramp:
+            r["dram_bytes"] = dram_share(total, ramp["ramp_bytes"]) * total  # all of them once past the ramp
+        elif l3:  # as calibrated before the ladder: an F32 toy's own weights not counted
+            r["dram_bytes"] = max(0.0, sum(b for k, b in r["bytes_by_type"].items() if k != "F32") - l3)
     # the bandwidth llama.cpp's decode reaches, from the memory-bound toy (F32): its bytes over
     # (seconds per token less the per-layer cost); eta is that over the best read bandwidth this
     # profile measured. Not capped at 1: calibrate's numpy read (a max reduction, one slice per
@@ -583,6 +644,12 @@ def llama_cpp_reference(profile: dict) -> dict:
             "overhead_s_per_layer_by_threads": {str(t): f["overhead_s_per_layer"] for t, f in fits.items()},
             "max_rel_residual_by_threads": {str(t): f["max_rel_residual"] for t, f in fits.items()},
             "dram_stall_s_per_byte_by_threads": {str(t): f["dram_stall_s_per_byte"] for t, f in fits.items()}, "l3_bytes": l3,
+            "dram_ramp_bytes": ramp["ramp_bytes"] if ramp else None, "cache_ladder": {
+                "fit": ramp, "ladder_bytes": sorted(r["bytes"] for r in ladder), "type": KNEE_TYPE, "threads": t_max,
+                "what": "decode's weights come from DRAM past dram_ramp_bytes (cpu_model.dram_share), fitted on the ladder's runs"
+                        if ramp else ("no step up seen on the ladder: its rates carry the cache as it is at these sizes; "
+                                      "decode of models past its largest size is not verified here") if len(ladder) >= 4 else
+                        "no ladder in this profile (calibrated before 2026-12-05): the bytes past lscpu's L3 stand in"},
             "left_out_memory_bound_by_threads": {str(t): f["left_out"] for t, f in fits.items() if f["left_out"]},
             "level_probe": {"model": PROBE_MODEL, "type": PROBE_TYPE, "best_tok_s": {f"{t}.{w}": v for (t, w), v in sorted(probe_best.items())},
                             "level_tok_s": {f"{t}.{w}": v for (t, w), v in sorted(probe_level.items())},

@@ -78,6 +78,8 @@ TOY_MODELS: dict[str, ToyConfig] = {
     # wide and ~30x the L3 cache of a desktop or server CPU as F32 (1.04 GB a step): calibrate's
     # memory-bound decode runs, for the bandwidth llama.cpp's decode reaches
     "toy-stream": ToyConfig("toy-stream", n_embd=1024, n_layer=15, n_ff=4096, n_head=16, n_head_kv=4),
+    # toy-wide at other depths: calibrate's cache ladder (KNEE_MODELS)
+    **{f"toy-wide-{n}": ToyConfig(f"toy-wide-{n}", n_embd=1024, n_layer=n, n_ff=4096, n_head=16, n_head_kv=4) for n in (2, 4, 8, 10, 12, 18, 24)},
 }
 # F32: the fewest instructions per byte of any type (one FMA per 4 bytes), so the step waits on
 # memory, not on the dequantize+dot kernel. Q8_0 was used before and is compute-bound on a fast
@@ -90,6 +92,14 @@ STREAM_MODEL, STREAM_TYPES = "toy-stream", ("F32",)
 # decode bandwidth share on toy-stream) only; toy-125m, toy-smol, toy-200m, toy-290m and the real
 # SmolLM2-135M file are held out for validation.
 FIT_MODELS = ("toy-thin", "toy-wide")
+# the cache ladder: decode of one type (KNEE_TYPE) on toy-wide's width at 2 ... 24 layers, 35 ... 224 MB as
+# Q4_K (with toy-wide and toy-stream, nine sizes): where its seconds per byte step up is the size past
+# which a decode step's weights come from DRAM on this machine, measured with llama.cpp itself. The
+# cache lscpu names is not that size in a VM: an Intel Xeon guest (2 vCPUs, 2026-12-05) reads the
+# host socket's 480 MiB L3, yet Q4_0 decode at 2 threads streams 23.0 GB/s at 70 MB (toy-wide) and
+# 10.8 GB/s at 147 MB (toy-stream); numpy's read sweep steps down near 200 MiB, llama.cpp's earlier
+KNEE_MODELS = tuple(sorted(("toy-wide", "toy-stream", *(k for k in TOY_MODELS if k.startswith("toy-wide-"))), key=lambda k: TOY_MODELS[k].n_layer))
+KNEE_TYPE = "Q4_K"
 
 # llama_ftype values (llama.h) of the presets validate can make; "pure" variants put every
 # tensor in one type (llama-quantize --pure), which the CPU rate measurements use.

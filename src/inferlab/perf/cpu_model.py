@@ -189,6 +189,11 @@ def rate_provenance(device: Device, ggml_types: Iterable[str]) -> list[str]:
     ref = reference_for(device)
     shares = ref.get("prefill_eff_vs_fp32_peak_by_type") or {}
     out = [rates_label(device)]
+    ramp, ladder = ref.get("dram_ramp_bytes"), (ref.get("cache_ladder") or {}).get("ladder_bytes") or []
+    if ramp:
+        out.append(f"decode waits on DRAM for weights past {ramp[0] / 1e6:.0f}-{ramp[1] / 1e6:.0f} MB (calibrate's cache ladder)")
+    elif len(ladder) >= 4:
+        out.append(f"no cache step on calibrate's ladder up to {ladder[-1] / 1e6:.0f} MB: decode of larger models is not verified here")
     for ty in sorted({str(t).upper() for t in ggml_types}):
         key, why = resolve_type(ref["per_core_bytes_per_s"], ty)
         if why:
@@ -325,13 +330,38 @@ def split_bytes_by_type(device: Device, matrices: Iterable[tuple[str, float, int
     return split_bytes(matrices, _threads_used(device, n_threads), _simd_of(device))
 
 
+def dram_share(total_bytes: float, ramp_bytes: tuple[float, float] | list[float]) -> float:
+    """Share of a decode step's weights that come from DRAM, not the last-level cache, when the step
+    reads ``total_bytes`` of weights: 0 up to the ramp's first size, all of them past its second,
+    linear between. A step sweeps the same weights in the same order every token, so once they
+    overflow the cache each one is evicted before its next use and all of them stream from DRAM,
+    not only the bytes past the cache's size (calibrate's ladder, an Intel Xeon guest at 2 threads,
+    2026-12-05: toy-wide Q4_K decode 30 GB/s at 35-70 MB, 19-22 GB/s at 104 MB, 15.5-16 GB/s at 121,
+    147 and 172 MB: flat once past, where bytes - cache would keep falling)."""
+    lo, hi = ramp_bytes
+    if total_bytes <= lo:
+        return 0.0
+    if total_bytes >= hi:
+        return 1.0
+    return (total_bytes - lo) / (hi - lo)
+
+
+def dram_bytes(ref: dict, total_bytes: float) -> float:
+    """Bytes of a decode step of ``total_bytes`` that the rates ``ref`` price as read from DRAM: by
+    its cache ramp (calibrate's ladder, dram_share) where it measured one, else the bytes past the L3
+    the profile was calibrated with (profiles before 2026-12-05), else none (a stored reference)."""
+    if ref.get("dram_ramp_bytes"):
+        return dram_share(total_bytes, ref["dram_ramp_bytes"]) * total_bytes  # all the bytes, once past the cache
+    return max(0.0, total_bytes - (ref.get("l3_bytes") or 0))  # bytes past the L3
+
+
 def dram_stall_s(device: Device, total_bytes: float, n_threads: int | None = None) -> float:
     """Seconds a decode step waits on DRAM beyond its kernels' time, where the rates measured it
-    (this machine's calibrated profile): the bytes the last-level cache cannot hold between steps
-    (total - L3) x a per-byte stall fitted on toys of three sizes. 0 for a stored reference."""
+    (this machine's calibrated profile): the bytes the last-level cache does not hold between steps
+    (dram_bytes) x a per-byte stall fitted with the rates. 0 for a stored reference."""
     ref = reference_for(device)
     per_byte = (ref.get("dram_stall_s_per_byte_by_threads") or {}).get(str(_threads_used(device, n_threads)), 0.0)
-    return max(0.0, total_bytes - (ref.get("l3_bytes") or 0)) * per_byte  # bytes past the L3 x stall per byte
+    return dram_bytes(ref, total_bytes) * per_byte if per_byte else 0.0  # DRAM bytes x stall per byte
 
 
 def decode_overhead_s_per_layer(device: Device) -> float:
