@@ -502,6 +502,15 @@ def test_past_the_cache_ramp_all_of_a_steps_bytes_wait_on_dram():
     assert dram_stall_s(dev, 100e6, 2) == pytest.approx(1.5e-3) and dram_stall_s(dev, 200e6, 2) == pytest.approx(6e-3)
     assert dram_stall_s(dev, 200e6, 1) == 0.0  # none fitted at 1 thread
     assert "past 80-120 MB" in " ".join(rate_provenance(dev, ["Q4_K"]))  # a prediction says where decode leaves the cache
+    # a whole step: the kernels' seconds as without the ramp, plus the stall of its non-F32 bytes; an
+    # F32 file none (its rate is the bandwidth calibrate's F32 toys streamed at, the stall inside it)
+    from inferlab.perf.cpu_model import cpu_decode_compute_s
+
+    bare = replace(HOST, source="test: no ramp")
+    attach_rates(bare, dict(ref, id="bare", dram_ramp_bytes=None, dram_stall_s_per_byte_by_threads={}))
+    q4k, f32 = [("Q4_K", 200e6, 4096)], [("F32", 400e6, 4096)]
+    assert cpu_decode_compute_s(dev, q4k, 2) == pytest.approx(cpu_decode_compute_s(bare, q4k, 2) + 6e-3)
+    assert cpu_decode_compute_s(dev, f32, 2) == pytest.approx(cpu_decode_compute_s(bare, f32, 2))
     flat = replace(HOST, source="test: flat ladder")
     attach_rates(flat, dict(ref, id="flat", dram_ramp_bytes=None, cache_ladder={"ladder_bytes": [35e6, 53e6, 70e6, 87e6, 224e6]}))
     assert dram_stall_s(flat, 200e6, 2) == 0.0  # no ramp: lscpu's L3 (480 MiB, 503 MB) holds 200 MB, no stall

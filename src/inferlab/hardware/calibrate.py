@@ -596,7 +596,8 @@ def llama_cpp_reference(profile: dict) -> dict:
     for r in runs:
         total = _weight_bytes(r["bytes_by_type"])
         if ramp:
-            r["dram_bytes"] = dram_share(total, ramp["ramp_bytes"]) * total  # all of them once past the ramp
+            # all of them once past the ramp; an F32 toy's own weights not (their rate is the bandwidth: left out as memory-bound)
+            r["dram_bytes"] = dram_share(total, ramp["ramp_bytes"]) * sum(b for k, b in r["bytes_by_type"].items() if k != "F32")
         elif l3:  # as calibrated before the ladder: an F32 toy's own weights not counted
             r["dram_bytes"] = max(0.0, sum(b for k, b in r["bytes_by_type"].items() if k != "F32") - l3)
     # the bandwidth llama.cpp's decode reaches, from the memory-bound toy (F32): its bytes over

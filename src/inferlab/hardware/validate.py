@@ -627,7 +627,7 @@ def decode_limits(bytes_by_type: dict[str, int], n_layer: int, ram, n_threads: i
     else:
         compute_s = sum(b / cpu_decode_rate_bytes_per_s(ram, ty, n_threads)  # each type at its kernel's rate
                         for ty, b in bytes_by_type.items() if (ty != "F32" or only_f32) and b)
-        compute_s += dram_stall_s(ram, total, n_threads)
+        compute_s += dram_stall_s(ram, total, n_threads, total - bytes_by_type.get("F32", 0))
     if not only_f32:
         compute_s += bytes_by_type.get("F32", 0) / ram.bandwidth_bytes_per_s  # norms: a few KB, streamed
     by_threads = ref.get("overhead_s_per_layer_by_threads") or {}

@@ -346,22 +346,25 @@ def dram_share(total_bytes: float, ramp_bytes: tuple[float, float] | list[float]
     return (total_bytes - lo) / (hi - lo)
 
 
-def dram_bytes(ref: dict, total_bytes: float) -> float:
-    """Bytes of a decode step of ``total_bytes`` that the rates ``ref`` price as read from DRAM: by
-    its cache ramp (calibrate's ladder, dram_share) where it measured one, else the bytes past the L3
-    the profile was calibrated with (profiles before 2026-12-05), else none (a stored reference)."""
+def dram_bytes(ref: dict, total_bytes: float, stalled_bytes: float | None = None) -> float:
+    """Bytes of a decode step of ``total_bytes`` of weights that the rates ``ref`` price as read from
+    DRAM: by its cache ramp (calibrate's ladder, dram_share) where it measured one, of the step's
+    ``stalled_bytes`` (default: all; F32 weights are left out by the caller: their rate is the
+    bandwidth itself, calibrate's F32 toys stream at it); else the bytes past the L3 the profile
+    was calibrated with (profiles before 2026-12-05); else none (a stored reference)."""
     if ref.get("dram_ramp_bytes"):
-        return dram_share(total_bytes, ref["dram_ramp_bytes"]) * total_bytes  # all the bytes, once past the cache
+        stalled = total_bytes if stalled_bytes is None else stalled_bytes
+        return dram_share(total_bytes, ref["dram_ramp_bytes"]) * stalled  # all of them, once past the cache
     return max(0.0, total_bytes - (ref.get("l3_bytes") or 0))  # bytes past the L3
 
 
-def dram_stall_s(device: Device, total_bytes: float, n_threads: int | None = None) -> float:
+def dram_stall_s(device: Device, total_bytes: float, n_threads: int | None = None, stalled_bytes: float | None = None) -> float:
     """Seconds a decode step waits on DRAM beyond its kernels' time, where the rates measured it
     (this machine's calibrated profile): the bytes the last-level cache does not hold between steps
     (dram_bytes) x a per-byte stall fitted with the rates. 0 for a stored reference."""
     ref = reference_for(device)
     per_byte = (ref.get("dram_stall_s_per_byte_by_threads") or {}).get(str(_threads_used(device, n_threads)), 0.0)
-    return dram_bytes(ref, total_bytes) * per_byte if per_byte else 0.0  # DRAM bytes x stall per byte
+    return dram_bytes(ref, total_bytes, stalled_bytes) * per_byte if per_byte else 0.0  # DRAM bytes x stall per byte
 
 
 def decode_overhead_s_per_layer(device: Device) -> float:
@@ -468,7 +471,8 @@ def cpu_decode_compute_s(device: Device, matrices: list[tuple[str, int, int]], n
     (where the rates measured one)."""
     split = split_bytes_by_type(device, matrices, n_threads)  # bytes x busiest-thread share
     kernels_s = sum(b / cpu_decode_rate_bytes_per_s(device, ty, n_threads) for ty, b in split.items() if b)
-    return kernels_s + dram_stall_s(device, sum(b for _, b, _ in matrices), n_threads)
+    non_f32 = sum(b for ty, b, _ in matrices if ty != "F32")  # an F32 file's weights stream at the bandwidth, their rate
+    return kernels_s + dram_stall_s(device, sum(b for _, b, _ in matrices), n_threads, non_f32)
 
 
 @lru_cache(maxsize=4096)
