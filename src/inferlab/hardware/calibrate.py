@@ -412,7 +412,9 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
         return {k: b for k, b in by_type.items() if k != "F32" or set(by_type) <= {"F32"}}
 
     def feats(r: dict, types: list[str], dram: bool) -> list[float]:  # one row of the least squares, before / seconds
-        return [r["n_layer"]] + [weights(r).get(k, 0) for k in types] + ([r.get("dram_bytes", 0.0)] if dram else [])
+        # an F32 toy's DRAM bytes take no stall (its rate is the bandwidth itself: cpu_model.cpu_decode_compute_s)
+        stalled = 0.0 if set(r["bytes_by_type"]) <= {"F32"} else r.get("dram_bytes", 0.0)
+        return [r["n_layer"]] + [weights(r).get(k, 0) for k in types] + ([stalled] if dram else [])
 
     def total(r: dict) -> float:
         return sum(b for k, b in r["bytes_by_type"].items() if k != "F32" or set(r["bytes_by_type"]) <= {"F32"})
@@ -596,8 +598,7 @@ def llama_cpp_reference(profile: dict) -> dict:
     for r in runs:
         total = _weight_bytes(r["bytes_by_type"])
         if ramp:
-            # all of them once past the ramp; an F32 toy's own weights not (their rate is the bandwidth: left out as memory-bound)
-            r["dram_bytes"] = dram_share(total, ramp["ramp_bytes"]) * sum(b for k, b in r["bytes_by_type"].items() if k != "F32")
+            r["dram_bytes"] = dram_share(total, ramp["ramp_bytes"]) * total  # all of them once past the ramp
         elif l3:  # as calibrated before the ladder: an F32 toy's own weights not counted
             r["dram_bytes"] = max(0.0, sum(b for k, b in r["bytes_by_type"].items() if k != "F32") - l3)
     # the bandwidth llama.cpp's decode reaches, from the memory-bound toy (F32): its bytes over
