@@ -173,3 +173,22 @@ def test_a_profile_with_llama_cpp_rates_is_attached_and_no_profile_ignores_it():
     assert cpu_decode_rate_bytes_per_s(ram, "IQ2_XXS", 1) == 31e9  # a type it did not measure: its stand-in, from the same rates
     plain = inspect_machine(profile=False).machine.ram
     assert reference_for(plain) is not ref and "box@" not in rates_label(plain) and "calibrated" not in plain.source
+
+
+def test_the_machine_table_names_where_decode_leaves_the_cache():
+    """A profile whose cache ladder found a ramp at 76-145 MB shows it beside lscpu's L3 (which a
+    VM guest may read from its host: 480 MiB on the Xeon guest whose ladder stepped at 76-145 MB);
+    a ladder with no step says up to where it looked; a profile without one shows neither."""
+    base = {"id": "box@20261205T1400Z", "date": "2026-12-05T14:00:00+00:00", "simd": "avx512",
+            "per_core_bytes_per_s": {"Q4_K": 31e9}, "parallel_efficiency": {"Q4_K": 0.9}, "overhead_s_per_layer": 5e-5,
+            "decode_bw_eff": 0.75, "provenance": "llama.cpp CPU rates measured on this machine: machine profile box@20261205T1400Z"}
+
+    def shown(ref: dict) -> list[str]:
+        profile = dict(PROFILE, date=ref["date"], host={"name": "box"}, llama_cpp={"reference": ref})
+        return [f.value for f in inspect_machine(profile=profile).figures if f.what == "decode cache"]
+
+    assert shown(dict(base, dram_ramp_bytes=[76.3e6, 145.3e6], cache_ladder={"ladder_bytes": [35.5e6, 223.7e6] * 2})) == [
+        "weights past 76-145 MB stream from DRAM"]
+    assert shown(dict(base, dram_ramp_bytes=None, cache_ladder={"ladder_bytes": [35.5e6, 52.6e6, 69.7e6, 223.7e6]})) == [
+        "no step up to 224 MB (larger models not verified)"]
+    assert shown(base) == []

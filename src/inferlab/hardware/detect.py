@@ -192,6 +192,14 @@ def _host_device(cpu: CpuInfo | None, memory: MemoryInfo | None, profile: dict |
         if "bf16" in mm:  # half-precision matmul: the faster of the bf16 kernel and fp32 (bf16 is emulated without AVX512_BF16/AMX)
             flops16 = max(cap(mm["bf16"]), flops32 or 0.0)
             figures.append(Figure("BF16 matmul", f"{cap(mm['bf16']) * 1e3:.3g} GFLOP/s", f"calibrated: {when}"))
+        ref = (profile.get("llama_cpp") or {}).get("reference") or {}
+        ramp, ladder = ref.get("dram_ramp_bytes"), (ref.get("cache_ladder") or {}).get("ladder_bytes") or []
+        if ramp:  # where decode's weights stop fitting the cache, as llama.cpp met it (lscpu's L3 may be the host's)
+            figures.append(Figure("decode cache", f"weights past {ramp[0] / 1e6:.0f}-{ramp[1] / 1e6:.0f} MB stream from DRAM",
+                                  f"calibrated (llama.cpp cache ladder): {when}"))
+        elif len(ladder) >= 4:
+            figures.append(Figure("decode cache", f"no step up to {ladder[-1] / 1e6:.0f} MB (larger models not verified)",
+                                  f"calibrated (llama.cpp cache ladder): {when}"))
         for why in profile.get("problems", [])[:3]:
             figures.append(Figure("profile warning", why, f"calibrated: {when}"))
     if bandwidth is None:
