@@ -290,6 +290,20 @@ def test_rows_whose_repetitions_disagree_are_flagged_and_steady_ones_scored_on_t
     assert steady.tg_error == pytest.approx(110 / 100 - 1) and steady.pp_error == pytest.approx(900 / 1000 - 1)
 
 
+def test_rows_on_the_cache_ramp_say_so():
+    """A row whose weights lie on the machine's cache ramp (calibrate's ladder: 76-145 MB on the Xeon
+    guest) is flagged: its decode speed moves with the cache its neighbours leave it, which the level
+    probe (70 MB, in the cache) does not track (2026-12-05: toy-200m Q4_0, 103 MB, ran 104-108 tok/s
+    while the probe ran 290-343, +29 % against the prediction). Below or past the ramp: no flag."""
+    from dataclasses import replace
+
+    row = replace(_row(tg=(100.0, 99.0), pp=(1000.0, 990.0)), decode_bytes=103_100_000, cache_ramp_bytes=(76.3e6, 145.3e6))
+    assert row.flags == ("tg: its 103 MB of weights lie on this machine's cache ramp (76-145 MB, calibrate's ladder): "
+                         "its decode speed moves with the cache the machine gets",)
+    assert replace(row, decode_bytes=274_500_000).flags == () and replace(row, decode_bytes=62_700_000).flags == ()
+    assert replace(row, cache_ramp_bytes=None).flags == ()
+
+
 @pytest.mark.engine
 @pytest.mark.parametrize("ggml_type", v.RAW_TYPES)
 def test_random_block_toys_of_the_imatrix_types_load_and_run_in_llama_cpp(tiny_f16, tmp_path, ggml_type):

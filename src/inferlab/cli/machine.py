@@ -245,7 +245,7 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
         scored = [abs(e) for x in rows for e, m in ((x.scored_error("tg") if x.measured.tg_tok_s else None, "tg"),
                                                      (x.scored_error("pp") if x.measured.pp_tok_s else None, "pp"))
                   if e is not None and (probed or not x.unstable(m))]
-        flagged = 0 if probed else sum(len(x.flags) for x in rows)
+        flagged = 0 if probed else sum(x.unstable(m) for x in rows for m in ("pp", "tg") if x.measured.samples(m))
         if scored:
             worst = max(scored)
             con.print(f"worst error {'vs probe' if probed else 'vs best'} over {len(scored)} figures: {worst:.0%} "

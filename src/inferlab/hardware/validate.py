@@ -529,6 +529,8 @@ class ValidationRow:
     # what it ran at calibrate (probe_reference), or its prediction when the rates have no such figure
     probe_reference_pp: float | None = None
     probe_reference_tg: float | None = None
+    # where calibrate's cache ladder saw decode's weights leave the cache (the rates' dram_ramp_bytes)
+    cache_ramp_bytes: tuple[float, float] | None = None
 
     @property
     def predicted_tg(self) -> float:
@@ -599,7 +601,19 @@ class ValidationRow:
             if floor and self.measured._pairs(m) and not self.measured.at_level(m, floor):
                 out.append(f"{m}: the probe never reached {FAST_LEVEL:.0%} of its reference speed (its speed at calibrate, or "
                            "its prediction without one): the machine ran slower throughout")
+        lo, hi = self.cache_ramp_bytes or (0.0, 0.0)
+        if lo < self.decode_bytes < hi:  # the probe (toy-wide Q4_K, 70 MB) tracks the kernels, not the cache a neighbour takes
+            out.append(f"tg: its {self.decode_bytes / 1e6:.0f} MB of weights lie on this machine's cache ramp ({lo / 1e6:.0f}-"
+                       f"{hi / 1e6:.0f} MB, calibrate's ladder): its decode speed moves with the cache the machine gets")
         return tuple(out)
+
+
+def _ramp_of(machine) -> tuple[float, float] | None:
+    """The cache ramp of the rates that stand for ``machine``'s CPU (a calibrated profile's ladder), or None."""
+    from ..perf.cpu_model import reference_for
+
+    ramp = reference_for(machine.ram).get("dram_ramp_bytes")
+    return (float(ramp[0]), float(ramp[1])) if ramp else None
 
 
 def _n_elements(t) -> int:
@@ -770,7 +784,8 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
         row = ValidationRow(name, preset, sum(_n_elements(t) for t in _tensors(spec)), sum(by_type.values()), n_threads,
                             measured, limits, pp, pm_pp, pm_tg, why, rates_label(machine.ram),
                             probe_reference_pp=probe_ref[1] if probe_ref else None,
-                            probe_reference_tg=probe_ref[0] if probe_ref else None)
+                            probe_reference_tg=probe_ref[0] if probe_ref else None,
+                            cache_ramp_bytes=_ramp_of(machine))
         rows.append(row)
         if on_row:
             on_row(row)
