@@ -336,8 +336,8 @@ def dram_share(total_bytes: float, ramp_bytes: tuple[float, float] | list[float]
     linear between. A step sweeps the same weights in the same order every token, so once they
     overflow the cache each one is evicted before its next use and all of them stream from DRAM,
     not only the bytes past the cache's size (calibrate's ladder, an Intel Xeon guest at 2 threads,
-    2026-12-05: toy-wide Q4_K decode 30 GB/s at 35-70 MB, 19-22 GB/s at 104 MB, 15.5-16 GB/s at 121,
-    147 and 172 MB: flat once past, where bytes - cache would keep falling)."""
+    2026-12-05: toy-wide Q4_K decode 30 GB/s at 35-70 MB, 19-22 GB/s at 104 MB, 14.9-16.2 GB/s at
+    121, 147, 172 and 224 MB: flat once past, where bytes - cache would keep falling)."""
     lo, hi = ramp_bytes
     if total_bytes <= lo:
         return 0.0
