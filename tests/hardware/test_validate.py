@@ -505,3 +505,143 @@ def test_llama_bench_times_the_probe_around_every_repetition(tiny_f16, tmp_path)
     assert r.relative("tg") == pytest.approx(statistics.median(a / b for a, b in zip(r.tg_cpu_tok_s, r.tg_probe_tok_s)))
     plain = v.llama_bench(q, 1, n_prompt=16, n_gen=8, repetitions=2)
     assert plain.tg_probe_tok_s == () and plain.relative("tg") is None
+
+
+# The four decode probes of a validate run on a machine whose calibrate measured a cache ramp of
+# 76-145 MB and a DRAM stall of 30 ps a byte (the Xeon guest's 2-thread figures, rounded), each a
+# Q4_K toy of toy-wide's width at 30 GB/s of kernels and 50 us of overhead a layer: toy-wide (6
+# layers, 70 MB, the level probe), toy-wide-2 (35 MB), toy-wide-10 (104 MB, on the ramp) and
+# toy-wide-24 (224 MB, past it).
+_RAMP = (76e6, 145e6)
+
+
+def _parts(total_bytes: float, n_layer: int) -> v.DecodeParts:
+    return v.DecodeParts(kernels_s=total_bytes / 30e9, overhead_s=n_layer * 50e-6, memory_s=total_bytes / 60e9,
+                         stall_s_per_byte=30e-12, stalled_bytes=total_bytes, total_bytes=total_bytes, ramp_bytes=_RAMP)
+
+
+_PROBES = (_parts(70e6, 6), _parts(35e6, 2), _parts(104e6, 10), _parts(224e6, 24))
+
+
+def test_decode_parts_price_the_stall_by_where_the_cache_ends():
+    """By hand, toy-200m Q4_K_M's shape (108 MB, 12 layers): at calibrate's state the ramp puts
+    (108 - 76) / (145 - 76) = 0.464 of its bytes' stall on the step: 3.6 ms of kernels + 0.6 ms of
+    overhead + 0.464 x 108e6 x 30e-12 = 1.503 ms = 5.703 ms (175.3 tok/s). With the cache at 0.8x
+    (ramp 60.8-116 MB) 0.855 of it: 3.6 + 0.6 + 2.770 = 6.970 ms. With the kernels 1.5x slower and
+    the cache as at calibrate: 1.5 x 4.2 + 1.503 = 7.803 ms (the stall is DRAM's, not the core's)."""
+    row = _parts(108e6, 12)
+    assert row.seconds() == pytest.approx(3.6e-3 + 0.6e-3 + (32 / 69) * 108e6 * 30e-12, rel=1e-9)
+    assert row.seconds(1.0, 0.8) == pytest.approx(4.2e-3 + (47.2 / 55.2) * 3.24e-3, rel=1e-9)
+    assert row.seconds(1.5) == pytest.approx(1.5 * 4.2e-3 + (32 / 69) * 3.24e-3, rel=1e-9)
+    assert _parts(224e6, 24).seconds(1.0, 1.5) == pytest.approx(7.4667e-3 + 1.2e-3 + 224e6 * 30e-12, rel=1e-4)  # past the ramp at 1.5x (217.5 MB)
+
+
+@pytest.mark.parametrize("state", [(1.0, 0.6, 1.0), (0.7, 1.3, 1.0), (1.2, 0.8, 1.6)])
+def test_the_probes_tell_a_smaller_cache_from_slower_kernels(state):
+    """A neighbour that takes only cache (kernels as at calibrate, the ramp at 0.6x), a faster spell
+    with more cache (0.7x the kernels' seconds, 1.3x the cache) and a slow spell with a slower DRAM:
+    each gives the probes their speeds, and machine_state finds the state back from them (within
+    its grid's steps, 2.5-5 %). Without toy-wide-2 the first is not identified: at 0.6x the ramp is
+    45.6-87 MB, toy-wide-10 and -24 are both past it and the level probe on it, and 1.11x kernels
+    with 0.86x stall fit all three within 0.1 % (both of those probes' seconds are ~bytes x (1/30
+    GB/s x slowdown + 30 ps x stall): 3.47 + 0.5 + 3.12 and 7.47 + 1.2 + 6.72 ms, nearly in
+    proportion); toy-wide-2 (35 MB, 1.17 + 0.1 ms, in the cache) pins the slowdown."""
+    ref = tuple(1 / float(p.seconds()) for p in _PROBES)
+    got = tuple(1 / float(p.seconds(*state)) for p in _PROBES)
+    x, k, g, resid = v.machine_state(_PROBES, ref, got)
+    assert x == pytest.approx(state[0], rel=0.04) and k == pytest.approx(state[1], rel=0.04) and g == pytest.approx(state[2], rel=0.07)
+    assert resid < 0.02
+    # the row at the state it gave, against the row at the true state: within the grid's error
+    row = _parts(108e6, 12)
+    assert float(row.seconds(x, k, g)) == pytest.approx(float(row.seconds(*state)), rel=0.03)
+    if state == (1.0, 0.6, 1.0):  # the degenerate pair without toy-wide-2, by hand above
+        three = (_PROBES[0], _PROBES[2], _PROBES[3])
+        alt = (1.109, 0.624, 0.862)
+        assert all(float(p.seconds(*alt)) == pytest.approx(float(p.seconds(*state)), rel=0.002) for p in three)
+        assert float(_PROBES[1].seconds(*alt)) / float(_PROBES[1].seconds(*state)) > 1.10  # toy-wide-2 tells them apart
+
+
+def test_a_row_is_scored_at_the_machine_state_its_probes_give():
+    """toy-200m Q4_K_M's shape predicted 175.3 tok/s at calibrate (above). The machine ran with its
+    cache at 0.8x: the row decoded 1 / 6.970 ms = 143.5 tok/s, 18 % slower, while the level probe
+    (70 MB) lost only 12 % (2.633 -> 2.983 ms: its 70 MB sit at the foot of the smaller ramp). The
+    state probes place the cache, and the row's prediction at that state is its measured speed
+    (error ~0, within the grid's steps); against the level probe alone it is +7.9 %
+    (175.3 / (379.7 x 2.983 / 6.970) - 1); against the fastest repetition +22 %. The row is scored
+    on the level probe; the state's error is shown beside it. A row whose probes did not all run
+    around every repetition has no state."""
+    state = (1.0, 0.8, 1.0)
+    ref = tuple(1 / float(p.seconds()) for p in _PROBES)
+    got = tuple(1 / float(p.seconds(*state)) for p in _PROBES)
+    row_parts = _parts(108e6, 12)
+    speed = 1 / float(row_parts.seconds(*state))
+    measured = v.BenchResult("x.gguf", 2, 0, 64, (), (speed, speed), (), (), (got[0], got[0]), "probe.gguf",
+                             tuple((g, g) for g in got[1:]), ("w2.gguf", "w10.gguf", "w24.gguf"))
+    limits = v.DecodeLimits(memory_s=row_parts.memory_s, compute_s=float(row_parts.seconds()) - row_parts.overhead_s,
+                            overhead_s=row_parts.overhead_s, eta=1.0, bandwidth_gbs=60.0)
+    row = v.ValidationRow("toy-200m", "Q4_K_M", 1, 108_000_000, 2, measured, limits, None, probe_reference_tg=ref[0],
+                          decode_parts=row_parts, state_probe_parts=_PROBES, state_probe_reference_tg=ref)
+    assert row.predicted_tg == pytest.approx(1 / 5.7026e-3, rel=1e-3)
+    assert row.matched_error("tg") == pytest.approx(row.predicted_tg / (ref[0] * speed / got[0]) - 1)
+    assert 0.06 < row.matched_error("tg") < 0.10
+    assert row.tg_error == pytest.approx(row.predicted_tg / speed - 1) and row.tg_error > 0.2
+    assert len(row.machine_states()) == 2 and row.cache_scale() == pytest.approx(0.8, rel=0.04)
+    assert abs(row.state_error()) < 0.03 and row.scored_error("tg") == row.matched_error("tg")
+    # one probe missing a repetition: no state; scored on the level probe
+    short = replace(row, measured=replace(measured, tg_state_probe_tok_s=((got[1],), (got[2], got[2]), (got[3], got[3]))))
+    assert short.machine_states() == [] and short.state_error() is None
+    # merged rounds keep each probe's samples in step with the repetitions
+    both = measured.merged(measured)
+    assert both.tg_state_probe_tok_s == tuple((g,) * 4 for g in got[1:]) and len(both.state_probe_samples()) == 4
+    with pytest.raises(InvalidValueError, match="different tests"):
+        measured.merged(replace(measured, state_probe_paths=()))
+    from inferlab.api.measure import validation_row
+
+    out = validation_row(row)
+    assert out.tg_cache_scale == row.cache_scale() and out.tg_state_error == row.state_error()
+    assert out.tg_scored_error == out.tg_matched_error and len(out.tg_states) == 2
+    assert out.tg_state_probe_samples == tuple((g,) * 2 for g in got[1:])
+
+
+def test_a_probe_at_its_bandwidth_floor_does_not_free_the_slowdown():
+    """toy-wide-2 as the Xeon guest's profile prices it (2026-12-06: 1.21 ms of kernels under a
+    1.29 ms bandwidth floor, 35 MB). Fitted with the floor, any faster kernels would give it the same
+    time, and the slowdown would slide with the stall (that run's fit put every repetition at 0.5x
+    kernels, 1.6x stall); machine_state fits without it and finds calibrate's own state, and a
+    faster spell (0.9x the kernels' seconds) with the cache at 0.7x and a slower DRAM (1.2x), back
+    (with the floor in the fit the latter came out 0.5x, 0.62x, 1.72x). A row's prediction keeps
+    the floor."""
+    floored = v.DecodeParts(kernels_s=1.21e-3, overhead_s=2 * 29e-6, memory_s=1.29e-3, stall_s_per_byte=30e-12,
+                            stalled_bytes=35.5e6, total_bytes=35.5e6, ramp_bytes=_RAMP)
+    probes = (_PROBES[0], floored, _PROBES[2], _PROBES[3])
+    assert float(floored.seconds()) == pytest.approx(1.29e-3 + 0.058e-3) and float(floored.seconds(floor=False)) == pytest.approx(1.268e-3)
+    ref = tuple(1 / float(p.seconds()) for p in probes)
+    for state in ((1.0, 1.0, 1.0), (0.9, 0.7, 1.2)):
+        got = tuple(float(r) * float(p.seconds(floor=False)) / float(p.seconds(*state, floor=False)) for p, r in zip(probes, ref))
+        x, k, g, _ = v.machine_state(probes, ref, got)
+        assert x == pytest.approx(state[0], rel=0.04) and k == pytest.approx(state[1], rel=0.04) and g == pytest.approx(state[2], rel=0.07)
+
+
+def test_without_a_cache_ramp_validate_runs_no_state_probes(tiny_f16):
+    """A stored reference (no calibrate, no ladder): state_probes gives None and validate scores
+    decode on the level probe, as before."""
+    from inferlab.hardware.catalog import MACHINES
+
+    assert v.state_probes(tiny_f16, MACHINES["cpu-ddr5"], 2, 500.0) is None
+    assert v.decode_parts(tiny_f16, MACHINES["cpu-ddr5"], 2) is None
+
+
+@pytest.mark.engine
+def test_llama_bench_times_the_state_probes_around_every_decode_repetition(tiny_f16, tmp_path):
+    """With state probes, llama_bench runs each beside the level probe around every decode
+    repetition (none around prefill), one speed per repetition each, on the same clock."""
+    pytest.importorskip("llama_cpp")
+    q = v.quantize(tiny_f16, str(tmp_path / "tiny-q8.gguf"), "Q8_0")
+    q4 = v.quantize(tiny_f16, str(tmp_path / "tiny-q4.gguf"), "Q4_0")
+    r = v.llama_bench(q, 2, n_prompt=16, n_gen=8, repetitions=3, probe=tiny_f16, state_probes=(q4, tiny_f16))
+    assert r.state_probe_paths == (q4, tiny_f16) and len(r.tg_state_probe_tok_s) == 2
+    assert all(len(s) == 3 and all(x > 0 for x in s) for s in r.tg_state_probe_tok_s)
+    assert len(r.state_probe_samples()) == 3 and r.state_probe_samples()[1] == (r.tg_probe_tok_s[1], *(s[1] for s in r.tg_state_probe_tok_s))
+    assert len(r.pp_probe_tok_s) == 3  # prefill keeps its level probe alone
+    bare = v.llama_bench(q, 2, n_prompt=0, n_gen=8, repetitions=2, state_probes=(q4,))  # no level probe: no state probes
+    assert bare.tg_state_probe_tok_s == () and bare.state_probe_paths == ()

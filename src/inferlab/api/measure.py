@@ -139,6 +139,15 @@ class ValidationRow:
     tg_matched_error: float | None = None
     pp_scored_error: float | None = None  # the matched error where a probe ran, else pp_error
     tg_scored_error: float | None = None
+    # with the state probes (validate.STATE_PROBE_MODELS, a calibrated profile with a cache ramp): their
+    # decode speeds around each repetition, the machine's state solved from them and the level probe's
+    # per repetition (kernels' slowdown, the cache ramp's scale, the DRAM stall's scale, rms log
+    # residual), its median cache scale, and decode predicted at that state against each repetition
+    # (the median; shown, not scored)
+    tg_state_probe_samples: tuple[tuple[float, ...], ...] = ()
+    tg_states: tuple[tuple[float, float, float, float], ...] = ()
+    tg_cache_scale: float | None = None
+    tg_state_error: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,17 +174,21 @@ def validation_row(r) -> ValidationRow:
         pp_probe_samples=tuple(r.measured.pp_probe_tok_s), tg_probe_samples=tuple(r.measured.tg_probe_tok_s),
         pp_level=r.level("pp"), tg_level=r.level("tg"), pp_matched_error=r.matched_error("pp"), tg_matched_error=r.matched_error("tg"),
         pp_scored_error=r.scored_error("pp") if r.measured.pp_tok_s else None,
-        tg_scored_error=r.scored_error("tg") if r.measured.tg_tok_s else None)
+        tg_scored_error=r.scored_error("tg") if r.measured.tg_tok_s else None,
+        tg_state_probe_samples=tuple(r.measured.tg_state_probe_tok_s), tg_states=tuple(r.machine_states()),
+        tg_cache_scale=r.cache_scale(), tg_state_error=r.state_error() if r.measured.tg_tok_s else None)
 
 
 def validate(*, models: tuple[str, ...] | None = None, presets: tuple[str, ...] = ("Q4_K_M", "Q8_0"), gguf_paths: tuple[str, ...] = (),
              threads: int | None = None, repetitions: int = 3, n_prompt: int = 512, n_gen: int = 128, realtime: bool = False,
              profile: bool = True, on_row: Callable[[Any], None] | None = None, rounds: int = 1,
-             probe: bool = True) -> ValidationReport:
+             probe: bool = True, state: bool = False) -> ValidationReport:
     """Toy models (random weights, each preset) and any GGUF given, through real llama.cpp here and
     through the speed model: measured vs predicted prefill and decode tokens/s, llama-bench style.
     ``probe``: time the level probe around every repetition and score each row at the machine's
-    speed level of that moment (hardware.validate.ValidationRow.matched_error); ``rounds``: passes."""
+    speed level of that moment (hardware.validate.ValidationRow.matched_error); ``rounds``: passes.
+    ``state``: with the probe and a profile whose calibrate measured a cache ramp, also time the
+    state probes and give decode at the machine's state beside the score (ValidationRow.state_error)."""
     from ..hardware import validate as v
 
     models = tuple(models) if models is not None else tuple(v.TOY_MODELS)
@@ -186,5 +199,5 @@ def validate(*, models: tuple[str, ...] | None = None, presets: tuple[str, ...] 
         if p not in v.FTYPES:
             raise UnknownNameError("quantization preset", p, v.FTYPES)
     rows = v.validate_llama_cpp(models, tuple(presets), threads, repetitions, n_prompt, n_gen, tuple(gguf_paths), on_row=on_row,
-                                rt=realtime, profile=profile, rounds=rounds, probe=probe)
+                                rt=realtime, profile=profile, rounds=rounds, probe=probe, state=state)
     return ValidationReport(n_prompt, n_gen, repetitions, tuple(validation_row(r) for r in rows), tuple(rows))

@@ -175,14 +175,20 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
 @click.option("--no-profile", is_flag=True, help="Ignore the machine profile: predict with the stored reference of this ISA class.")
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 10), help="Passes over the models (repetitions of every pass kept).")
 @click.option("--no-probe", is_flag=True, help="Do not time the level probe (toy-wide Q4_K) around each repetition; score against the fastest one.")
+@click.option("--state", is_flag=True, help="Also time the state probes (toy-wide-2, -10 and -24 Q4_K) around each decode "
+              "repetition and show decode at the machine's state they give (where calibrate measured a cache ramp).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...], threads: int | None, repetitions: int,
-             n_prompt: int, n_gen: int, realtime: bool, no_profile: bool, rounds: int, no_probe: bool, as_json: bool) -> None:
+             n_prompt: int, n_gen: int, realtime: bool, no_profile: bool, rounds: int, no_probe: bool, state: bool,
+             as_json: bool) -> None:
     """Measured vs predicted prefill and decode tokens/s on this machine, llama-bench style. Each
     repetition runs between two runs of a level probe (a model the rates were fitted on), and a row
     is scored on its speed relative to the probe around each repetition, carried to the probe's
     calibrated speed ("vs probe"); the fastest repetition is shown and scored against too ("vs
-    best"). Rows whose repetitions disagree, or whose probe never reached 90 % of its calibrated
+    best"). With --state, where calibrate measured a cache ramp, three state probes run around each
+    decode repetition too (in the cache, on the ramp, past it) and decode at the machine's state they
+    and the level probe give is shown ("at state": how slow the kernels ran, where the cache ended,
+    the DRAM stall). Rows whose repetitions disagree, or whose probe never reached 90 % of its calibrated
     speed, are flagged."""
     from ..api import validate as validate_api
 
@@ -198,7 +204,7 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
     with err.status("writing models and running llama.cpp (pp%d, tg%d, %d repetitions)..." % (n_prompt, n_gen, repetitions)):
         report = validate_api(models=model_list, presets=preset_list, gguf_paths=gguf_paths, threads=threads, repetitions=repetitions,
                               n_prompt=n_prompt, n_gen=n_gen, realtime=realtime, profile=not no_profile, on_row=on_row,
-                              rounds=rounds, probe=not no_probe)
+                              rounds=rounds, probe=not no_probe, state=state)
     if as_json:
         click.echo(json.dumps(report.to_dict()["rows"], indent=1, allow_nan=False))
         return
@@ -210,8 +216,10 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
     t = Table(title=f"llama.cpp on this machine vs inferlab ({rows[0].n_threads if rows else '?'} threads, best of {repetitions})",
               title_justify="left")
     probed = any(r.matched_error("tg") is not None or r.matched_error("pp") is not None for r in rows)
+    stated = any(r.state_error() is not None for r in rows if r.measured.tg_tok_s)
     cols = ["model", "preset", "MB/tok", f"pp{n_prompt}", "pred.", "vs best"] + (["vs probe"] if probed else []) \
-        + [f"tg{n_gen}", "pred.", "vs best"] + (["vs probe", "level"] if probed else []) + ["perf_model", "limit", "flag"]
+        + [f"tg{n_gen}", "pred.", "vs best"] + (["vs probe", "level"] if probed else []) \
+        + (["at state", "cache"] if stated else []) + ["perf_model", "limit", "flag"]
     for col in cols:
         t.add_column(col, justify="left" if col in ("model", "preset", "limit", "flag") else "right", no_wrap=col == "model")
 
@@ -227,6 +235,8 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
         cells += [f"{r.measured.best('tg'):.1f}" if has_tg else "—", f"{r.predicted_tg:.1f}", pct(r.tg_error if has_tg else None, r.unstable("tg"))]
         lv = r.level("tg")
         cells += [pct(r.matched_error("tg") if has_tg else None), "—" if lv is None else f"{lv:.2f}"] if probed else []
+        cs = r.cache_scale()
+        cells += [pct(r.state_error() if has_tg else None), "—" if cs is None else f"{cs:.2f}x"] if stated else []
         cells += [pm, "bandwidth" if r.limits.dominant == "bandwidth" else "per-core", "; ".join(r.flags) or ""]
         t.add_row(*cells)
     con.print(t)
@@ -242,6 +252,11 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
             con.print("vs probe: predicted / (the probe's speed at calibrate x the median of this model's speed / the probe's around "
                       "each repetition) - 1 (level = the probe's decode speed here / at calibrate; its prediction where the rates have "
                       "no calibrate figure)")
+        if stated:
+            con.print("at state: decode predicted at the machine's state around each repetition (the level probe and the state probes "
+                      "toy-wide-2/-10/-24 Q4_K against their calibrate speeds: the kernels' slowdown, the cache ramp's scale, the DRAM "
+                      "stall's) over that repetition's speed, median - 1; cache = the ramp's scale (1.00x: where calibrate saw it); "
+                      "shown, not scored")
         scored = [abs(e) for x in rows for e, m in ((x.scored_error("tg") if x.measured.tg_tok_s else None, "tg"),
                                                      (x.scored_error("pp") if x.measured.pp_tok_s else None, "pp"))
                   if e is not None and (probed or not x.unstable(m))]

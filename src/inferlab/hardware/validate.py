@@ -25,6 +25,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..errors import InferlabError, InvalidValueError, MissingDependencyError, NotSupportedError, UnknownNameError
 from ..models.spec import ModelSpec, TensorInfo
@@ -280,6 +281,10 @@ class BenchResult:
     pp_probe_tok_s: tuple[float, ...] = ()
     tg_probe_tok_s: tuple[float, ...] = ()
     probe_path: str = ""
+    # the state probes (STATE_PROBE_MODELS) timed around each decode repetition as the level probe
+    # is, one tuple of speeds per probe (its mean before and after each repetition), same clock
+    tg_state_probe_tok_s: tuple[tuple[float, ...], ...] = ()
+    state_probe_paths: tuple[str, ...] = ()
 
     @property
     def pp(self) -> float:
@@ -327,14 +332,25 @@ class BenchResult:
         top = sorted(self.samples(metric), reverse=True)
         return (top[0] - top[1]) / top[0] if len(top) > 1 and top[0] else 0.0
 
+    def state_probe_samples(self) -> list[tuple[float, ...]]:
+        """Per decode repetition: the level probe's speed and each state probe's around it (empty
+        unless every probe ran around every repetition)."""
+        s, p, st = self.samples("tg"), self.tg_probe_tok_s, self.tg_state_probe_tok_s
+        if not st or len(p) != len(s) or any(len(x) != len(s) for x in st):
+            return []
+        return [(p[i], *(x[i] for x in st)) for i in range(len(s))]
+
     def merged(self, other: "BenchResult") -> "BenchResult":
         """The repetitions of both runs of the same test (another round, minutes later) as one."""
-        if (self.model_path, self.n_threads, self.n_prompt, self.n_gen, self.probe_path) != \
-                (other.model_path, other.n_threads, other.n_prompt, other.n_gen, other.probe_path):
+        if (self.model_path, self.n_threads, self.n_prompt, self.n_gen, self.probe_path, self.state_probe_paths) != \
+                (other.model_path, other.n_threads, other.n_prompt, other.n_gen, other.probe_path, other.state_probe_paths):
             raise InvalidValueError(f"cannot merge runs of different tests: {self.model_path} and {other.model_path}")
+        state = tuple(a + b for a, b in zip(self.tg_state_probe_tok_s, other.tg_state_probe_tok_s)) \
+            if len(self.tg_state_probe_tok_s) == len(other.tg_state_probe_tok_s) else ()
         return BenchResult(self.model_path, self.n_threads, self.n_prompt, self.n_gen, self.pp_tok_s + other.pp_tok_s,
                            self.tg_tok_s + other.tg_tok_s, self.tg_cpu_tok_s + other.tg_cpu_tok_s,
-                           self.pp_probe_tok_s + other.pp_probe_tok_s, self.tg_probe_tok_s + other.tg_probe_tok_s, self.probe_path)
+                           self.pp_probe_tok_s + other.pp_probe_tok_s, self.tg_probe_tok_s + other.tg_probe_tok_s, self.probe_path,
+                           state, self.state_probe_paths)
 
 
 def _clear_memory(llama_cpp, ctx) -> None:
@@ -348,7 +364,7 @@ def _clear_memory(llama_cpp, ctx) -> None:
 
 
 def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int = 128, repetitions: int = 5,
-                seed: int = 0, probe: str | None = None, flash_attn: bool = True) -> BenchResult:
+                seed: int = 0, probe: str | None = None, flash_attn: bool = True, state_probes: tuple[str, ...] = ()) -> BenchResult:
     """pp``n_prompt`` and tg``n_gen`` as llama-bench measures them, through llama-cpp-python.
 
     pp: one batch of n_prompt random tokens into an empty cache; tg: n_gen decode steps of one
@@ -362,6 +378,8 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
     model and its probe timed a second apart usually see the same level.
     ``flash_attn``: on, as llama-bench's default (-fa auto) runs the CPU; off, as the stored
     reference CPUs of data/cpu_limits.json were measured ("flash_attention": false).
+    ``state_probes``: more GGUFs timed around every decode repetition as the probe is (decode only;
+    validate's STATE_PROBE_MODELS: where the cache this moment ends, ValidationRow.machine_states).
     """
     for name, v in (("n_threads", n_threads), ("repetitions", repetitions)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -416,7 +434,7 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
 
         return pp_run if what == "pp" else tg_run
 
-    def measure(what: str, n_ctx: int) -> tuple[list[tuple[float, float]], list[float]]:
+    def measure(what: str, n_ctx: int) -> tuple[list[tuple[float, float]], list[float], list[list[float]]]:
         llms = []
         try:
             llms.append(context(model_path, n_ctx))
@@ -425,20 +443,29 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
             if probe:
                 llms.append(context(probe, n_ctx))
                 p_run = runner(llms[1], probe, what)
+            s_runs = []
+            for sp in (state_probes if what == "tg" and probe else ()):
+                llms.append(context(sp, n_ctx))
+                s_runs.append(runner(llms[-1], sp, what))
             warm = (lambda f: f(min(n_gen, 16))) if what == "tg" else (lambda f: f())
-            warm(run)  # warm-up
-            if p_run:
-                warm(p_run)
+            for f in (run, *((p_run,) if p_run else ()), *s_runs):
+                warm(f)  # warm-up
             clock = 1 if (what == "tg" and use_cpu_clock) else 0
             got, around = [], []
+            s_around: list[list[float]] = [[] for _ in s_runs]
             before = p_run()[clock] if p_run else 0.0
+            s_before = [f()[clock] for f in s_runs]
             for _ in range(repetitions):
                 got.append(run())
                 if p_run:
                     after = p_run()[clock]
                     around.append((before + after) / 2)  # the probe's level around this repetition
                     before = after
-            return got, around
+                for j, f in enumerate(s_runs):
+                    after = f()[clock]
+                    s_around[j].append((s_before[j] + after) / 2)
+                    s_before[j] = after
+            return got, around, s_around
         finally:
             for llm in llms:
                 llm.close() if hasattr(llm, "close") else None
@@ -447,12 +474,14 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
     tg: list[tuple[float, float]] = []
     pp_probe: list[float] = []
     tg_probe: list[float] = []
+    tg_state: list[list[float]] = []
     if n_prompt:
-        pp, pp_probe = measure("pp", n_prompt)
+        pp, pp_probe, _ = measure("pp", n_prompt)
     if n_gen:
-        tg, tg_probe = measure("tg", n_gen)
+        tg, tg_probe, tg_state = measure("tg", n_gen)
     return BenchResult(model_path, n_threads, n_prompt, n_gen, tuple(w for w, _ in pp), tuple(w for w, _ in tg),
-                       tuple(c for _, c in tg) if use_cpu_clock else (), tuple(pp_probe), tuple(tg_probe), probe or "")
+                       tuple(c for _, c in tg) if use_cpu_clock else (), tuple(pp_probe), tuple(tg_probe), probe or "",
+                       tuple(tuple(x) for x in tg_state), tuple(state_probes) if probe and n_gen else ())
 
 
 def physical_cores() -> int:
@@ -511,6 +540,102 @@ class DecodeLimits:
 
 
 @dataclass(frozen=True)
+class DecodeParts:
+    """A decode step's time cut into what a machine's state moves apart (seconds per token at the
+    calibrated level): the kernels and the per-layer overhead, which a slower share of the core
+    stretches alike; the DRAM stall, which depends on where the cache this moment ends (the ramp's
+    sizes scaled) and on the DRAM's own speed; the bandwidth floor."""
+
+    kernels_s: float  # dequantize+dot of every matrix at its kernel's rate (decode_limits' compute_s less the stall)
+    overhead_s: float  # n_layer x the per-layer seconds
+    memory_s: float  # bytes / (η x bandwidth)
+    stall_s_per_byte: float  # the rates' DRAM stall per byte past the cache
+    stalled_bytes: float  # the bytes that stall once past the cache (F32 left out)
+    total_bytes: float  # the step's weight bytes, which place it on the ramp
+    ramp_bytes: tuple[float, float]  # calibrate's cache ramp
+
+    def seconds(self, slowdown=1.0, cache_scale=1.0, stall_scale=1.0, floor=True):
+        """Seconds per token with the kernels and overhead ``slowdown`` x slower, the cache ramp at
+        ``cache_scale`` x its calibrated sizes and the stall per byte ``stall_scale`` x; numpy arrays
+        broadcast (machine_state's grid). ``floor``: the bandwidth limit bounds the step, as the
+        model predicts it (machine_state fits without it, see there)."""
+        import numpy as np
+
+        lo, hi = self.ramp_bytes
+        share = np.clip((self.total_bytes - lo * cache_scale) / ((hi - lo) * cache_scale), 0.0, 1.0)  # cpu_model.dram_share, scaled
+        stall = share * self.stalled_bytes * self.stall_s_per_byte * stall_scale  # DRAM bytes x stall per byte
+        work = self.kernels_s * slowdown + stall
+        return (np.maximum(self.memory_s, work) if floor else work) + self.overhead_s * slowdown
+
+
+def decode_parts(path: str, machine, n_threads: int) -> DecodeParts | None:
+    """DecodeParts of one GGUF with ``machine``'s rates; None where the rates hold no cache ramp."""
+    from ..models.gguf_reader import model_from_gguf
+    from ..perf.cpu_model import decode_matrices, dram_stall_s, reference_for
+
+    ref = reference_for(machine.ram)
+    ramp = ref.get("dram_ramp_bytes")
+    used = str(min(n_threads, machine.ram.n_cores or n_threads))
+    per_byte = (ref.get("dram_stall_s_per_byte_by_threads") or {}).get(used, 0.0)
+    if not ramp or not per_byte:
+        return None
+    _, _, limits, _ = _predict(path, machine, n_threads, 0)
+    mats = decode_matrices(_tensors(model_from_gguf(path)))
+    total = float(sum(b for _, b, _ in mats))
+    stalled = float(sum(b for ty, b, _ in mats if ty != "F32"))
+    stall_s = dram_stall_s(machine.ram, total, n_threads, stalled)
+    return DecodeParts(limits.compute_s - stall_s, limits.overhead_s, limits.memory_s, per_byte, stalled, total,
+                       (float(ramp[0]), float(ramp[1])))
+
+
+# The machine's state as validate runs, beside the level probe (toy-wide, 6 layers, 70 MB as Q4_K):
+# toy-wide's width at 2 layers (35 MB: in the cache down to 0.46x the ramp), 10 (104 MB, on the Xeon
+# guest's ramp) and 24 (224 MB, past the cache at any scale up to ~1.5), pure Q4_K as calibrate's
+# ladder ran them, so their calibrate speeds are in the profile. Four speeds, three unknowns: how much
+# slower the kernels and the per-layer overhead run (toy-wide-2, and the level probe while the cache
+# holds it), where the cache ends (toy-wide-10 against the others) and the DRAM stall (toy-wide-24).
+# A guest's share of a host's L3 moves with its neighbours (2026-12-05, 2 threads: toy-wide-10 decoded
+# 180-186 tok/s at 20:20 UTC against 207 at calibrate while toy-wide-8, 87 MB, kept 281): the level
+# probe alone sees the kernels, not the cache. With two probes a slower core and a smaller cache fit
+# the same two speeds (level 1, cache 0.6 and level 0.64, cache 1.07); with toy-wide-10 and -24 both
+# past a shrunken cache, their kernels and their stall both grow with their bytes, so the slowdown and
+# the stall trade off along a line (1.11x kernels and 0.86x stall fit a cache at 0.6x within 0.1 %):
+# toy-wide-2, in the cache at any such scale, pins the slowdown.
+STATE_PROBE_MODELS = ("toy-wide-2", "toy-wide-10", "toy-wide-24")
+STATE_SLOWDOWNS = (0.5, 3.0)  # the grid machine_state searches: kernels x slower (a level of 2 ... 0.33)
+STATE_CACHE_SCALES = (0.3, 2.0)  # the ramp's sizes x
+STATE_STALL_SCALES = (0.25, 4.0)  # the stall per byte x
+STATE_PRIOR = 1e-4  # weight of (log θ)² per unknown: ties (a cache past every probe) go to calibrate's state
+
+
+@lru_cache(maxsize=1024)  # a row asks for its states several times (the JSON, the table, the score)
+def machine_state(parts: tuple[DecodeParts, ...], reference_tok_s: tuple[float, ...], measured_tok_s: tuple[float, ...]
+                  ) -> tuple[float, float, float, float]:
+    """(slowdown, cache scale, stall scale, rms log residual) that carry the probes' ``parts`` from
+    their speeds at calibrate (``reference_tok_s``) to ``measured_tok_s``: each probe's predicted
+    seconds at the state over those at calibrate's state = its seconds here over its seconds at
+    calibrate (the fit's residual on a probe cancels), least squares in log seconds over a grid.
+    Without the bandwidth floor: a probe the model puts at its floor would fit any faster kernels
+    alike, and the slowdown would slide along the line it trades with the stall (the Xeon guest,
+    2026-12-06: toy-wide-2's kernels at 1.21 ms a token under its 1.29 ms floor, and the fit put
+    every repetition at the grid's edge, 0.5x kernels and 1.6x stall; without it, 0.93-1.05x and
+    1.0-1.16x)."""
+    import numpy as np
+
+    x = np.geomspace(*STATE_SLOWDOWNS, 73)[:, None, None]
+    k = np.geomspace(*STATE_CACHE_SCALES, 71)[None, :, None]
+    g = np.geomspace(*STATE_STALL_SCALES, 57)[None, None, :]
+    loss = STATE_PRIOR * (np.log(x) ** 2 + np.log(k) ** 2 + np.log(g) ** 2)
+    for p, ref, got in zip(parts, reference_tok_s, measured_tok_s):
+        target = float(p.seconds(floor=False)) * ref / got  # seconds the model must give this probe here
+        loss = loss + (np.log(p.seconds(x, k, g, floor=False)) - np.log(target)) ** 2
+    i, j, m = np.unravel_index(int(np.argmin(loss)), loss.shape)
+    resid = float(np.sqrt(max(0.0, float(loss[i, j, m]) - STATE_PRIOR * float(np.log(x[i, 0, 0]) ** 2 + np.log(k[0, j, 0]) ** 2
+                                                                                     + np.log(g[0, 0, m]) ** 2)) / max(len(parts), 1)))
+    return float(x[i, 0, 0]), float(k[0, j, 0]), float(g[0, 0, m]), resid
+
+
+@dataclass(frozen=True)
 class ValidationRow:
     model: str
     preset: str
@@ -531,6 +656,11 @@ class ValidationRow:
     probe_reference_tg: float | None = None
     # where calibrate's cache ladder saw decode's weights leave the cache (the rates' dram_ramp_bytes)
     cache_ramp_bytes: tuple[float, float] | None = None
+    # the machine's state (machine_state): this row's decode parts, the probes' (the level probe's
+    # first, then STATE_PROBE_MODELS') and their decode speeds at calibrate, same threads
+    decode_parts: DecodeParts | None = None
+    state_probe_parts: tuple[DecodeParts, ...] = ()
+    state_probe_reference_tg: tuple[float, ...] = ()
 
     @property
     def predicted_tg(self) -> float:
@@ -567,9 +697,36 @@ class ValidationRow:
         pred, rel, ref = self.predicted(metric), self.measured.relative(metric), self.probe_reference(metric)
         return None if pred is None or rel is None or not ref else pred / (ref * rel) - 1.0
 
+    def machine_states(self) -> list[tuple[float, float, float, float]]:
+        """machine_state around each decode repetition (empty without the state probes)."""
+        if not self.decode_parts or not self.state_probe_parts:
+            return []
+        samples = self.measured.state_probe_samples()
+        if not samples or len(samples[0]) != len(self.state_probe_parts):
+            return []
+        return [machine_state(self.state_probe_parts, self.state_probe_reference_tg, v) for v in samples]
+
+    def cache_scale(self) -> float | None:
+        """The median cache scale over the repetitions (1: the ramp where calibrate's ladder saw it)."""
+        st = self.machine_states()
+        return statistics.median(k for _, k, _, _ in st) if st else None
+
+    def state_error(self) -> float | None:
+        """Decode predicted at the machine's state around each repetition (the three probes' fit:
+        the kernels' slowdown, the cache's scale, the stall's) over that repetition's speed, the
+        median over the repetitions, - 1; None without the state probes."""
+        st = self.machine_states()
+        if not st or self.decode_parts is None:
+            return None
+        s = self.measured.samples("tg")
+        return statistics.median(1.0 / float(self.decode_parts.seconds(x, k, g)) / v for (x, k, g, _), v in zip(st, s)) - 1.0
+
     def scored_error(self, metric: str) -> float | None:
         """The error this row is scored on: matched_error when a probe ran beside it, else against
-        the fastest repetition (tg_error / pp_error)."""
+        the fastest repetition (tg_error / pp_error). state_error is shown beside it, not scored:
+        the state probes are Q4_K, and on the Xeon guest (2026-12-06, run A) Q8_0 and Q4_0 rows past
+        the cache ran 14-27 % slower than the K-quant stall at the state they gave predicts, where
+        the level probe's ratio scored all 13 decode rows within 12 %."""
         m = self.matched_error(metric)
         if m is not None:
             return m
@@ -720,6 +877,27 @@ def probe_reference(probe_path: str, machine, n_threads: int, n_prompt: int) -> 
     return tg_ref, pp_ref
 
 
+def state_probes(probe_path: str, machine, n_threads: int, probe_tg_reference: float
+                 ) -> tuple[tuple[str, ...], tuple[DecodeParts, ...], tuple[float, ...]] | None:
+    """(the STATE_PROBE_MODELS' paths, the parts of the level probe and of each, their decode
+    speeds at calibrate) where ``machine``'s rates are a calibrated profile with a cache ramp and
+    calibrate's ladder timed each at ``n_threads``; else None (validate then scores on the level
+    probe alone)."""
+    from ..perf.cpu_model import attached_rates
+
+    measured = {(m.get("model"), m.get("type"), m.get("threads")): m.get("tg_tok_s")
+                for m in (attached_rates(machine.ram) or {}).get("measurements") or []}
+    refs = [measured.get((name, KNEE_TYPE, n_threads)) for name in STATE_PROBE_MODELS]
+    level_parts = decode_parts(probe_path, machine, n_threads)
+    if level_parts is None or not all(refs):
+        return None
+    paths = tuple(toy_model(name, "Q4_K_S", pure=True) for name in STATE_PROBE_MODELS)  # --pure Q4_K_S: every matrix Q4_K, as the ladder
+    parts = [decode_parts(p, machine, n_threads) for p in paths]
+    if any(p is None for p in parts):
+        return None
+    return paths, (level_parts, *(p for p in parts if p is not None)), (probe_tg_reference, *(float(r) for r in refs))
+
+
 def _predict(path: str, machine, n_threads: int, n_prompt: int):
     """(the file's spec, bytes by type, decode limits, predicted pp tok/s or None) with ``machine``'s rates."""
     from ..models.gguf_reader import model_from_gguf
@@ -739,14 +917,16 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
                        n_threads: int | None = None, repetitions: int = 3, n_prompt: int = 512, n_gen: int = 128,
                        gguf_paths: tuple[str, ...] = (), machine=None, on_row=None, rt: bool = False,
                        profile: bool | dict = True, rounds: int = 1, probe: bool = True,
-                       flash_attn: bool = True) -> list[ValidationRow]:
+                       flash_attn: bool = True, state: bool = False) -> list[ValidationRow]:
     """Run each toy model (and any given GGUF) through llama.cpp and the speed model; one row each.
     ``rt``: time at real-time priority (measure.realtime); ``profile``: as detect_machine's.
     ``probe``: time the level probe (level_probe()) around every repetition and score each row on
     the repetitions that ran while the probe ran at the calibrated level (ValidationRow.matched_error;
     a row is repeated until AT_LEVEL_MIN did, up to 3x), and also against its fastest repetition.
     ``rounds``: the whole list is run that many times, one model after the other each round, and
-    each row keeps the repetitions of every round. ``flash_attn``: as llama_bench's."""
+    each row keeps the repetitions of every round. ``flash_attn``: as llama_bench's. ``state``: with
+    the probe, where the profile holds a cache ramp, also time STATE_PROBE_MODELS around every decode
+    repetition and give decode at the machine's state beside the score (ValidationRow.state_error)."""
     from ..perf.cpu_model import rates_label
     from .detect import detect_machine
     from .measure import realtime
@@ -758,19 +938,23 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
     jobs = [(m, p, toy_model(m, p)) for m in models for p in presets] + [(os.path.basename(g), None, g) for g in gguf_paths]
     probe_path = level_probe() if probe else None
     probe_ref = probe_reference(probe_path, machine, n_threads, n_prompt) if probe_path else None
+    st = state_probes(probe_path, machine, n_threads, probe_ref[0]) if probe_path and probe_ref and state else None
+    st_paths = st[0] if st else ()
 
     runs: dict[int, BenchResult] = {}
     for _ in range(rounds - 1):  # the earlier rounds; the last one below, row by row
         for i, (_, _, path) in enumerate(jobs):
             with realtime(rt):
-                got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path, flash_attn=flash_attn)
+                got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path, flash_attn=flash_attn,
+                                  state_probes=st_paths)
             runs[i] = runs[i].merged(got) if i in runs else got
     rows = []
     for i, (name, preset, path) in enumerate(jobs):
         spec, by_type, limits, pp = _predict(path, machine, n_threads, n_prompt)
         preset = preset or spec.file_type or "?"
         with realtime(rt):
-            got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path, flash_attn=flash_attn)
+            got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path, flash_attn=flash_attn,
+                                  state_probes=st_paths)
         measured = runs[i].merged(got) if i in runs else got
         if probe_ref:  # a slow spell: repeat (2 at a time, up to 3x the repetitions) until enough ran at level
             floors = {"tg": FAST_LEVEL * probe_ref[0], "pp": FAST_LEVEL * probe_ref[1] if probe_ref[1] else None}
@@ -779,13 +963,16 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
                 if all(measured.at_level(m, f) >= need for m, f in floors.items() if f and measured.samples(m)):
                     break
                 with realtime(rt):
-                    measured = measured.merged(llama_bench(path, n_threads, n_prompt, n_gen, 2, probe=probe_path, flash_attn=flash_attn))
+                    measured = measured.merged(llama_bench(path, n_threads, n_prompt, n_gen, 2, probe=probe_path, flash_attn=flash_attn,
+                                                           state_probes=st_paths))
         pm_pp, pm_tg, why = _predict_with_perf_model(path, machine, n_prompt, n_gen)
         row = ValidationRow(name, preset, sum(_n_elements(t) for t in _tensors(spec)), sum(by_type.values()), n_threads,
                             measured, limits, pp, pm_pp, pm_tg, why, rates_label(machine.ram),
                             probe_reference_pp=probe_ref[1] if probe_ref else None,
                             probe_reference_tg=probe_ref[0] if probe_ref else None,
-                            cache_ramp_bytes=_ramp_of(machine))
+                            cache_ramp_bytes=_ramp_of(machine),
+                            decode_parts=decode_parts(path, machine, n_threads) if st else None,
+                            state_probe_parts=st[1] if st else (), state_probe_reference_tg=st[2] if st else ())
         rows.append(row)
         if on_row:
             on_row(row)
