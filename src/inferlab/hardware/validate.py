@@ -26,6 +26,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from ..errors import InferlabError, InvalidValueError, MissingDependencyError, NotSupportedError, UnknownNameError
 from ..models.spec import ModelSpec, TensorInfo
@@ -554,7 +555,7 @@ class DecodeParts:
     total_bytes: float  # the step's weight bytes, which place it on the ramp
     ramp_bytes: tuple[float, float]  # calibrate's cache ramp
 
-    def seconds(self, slowdown=1.0, cache_scale=1.0, stall_scale=1.0, floor=True):
+    def seconds(self, slowdown: Any = 1.0, cache_scale: Any = 1.0, stall_scale: Any = 1.0, floor: bool = True) -> Any:
         """Seconds per token with the kernels and overhead ``slowdown`` x slower, the cache ramp at
         ``cache_scale`` x its calibrated sizes and the stall per byte ``stall_scale`` x; numpy arrays
         broadcast (machine_state's grid). ``floor``: the bandwidth limit bounds the step, as the
@@ -895,7 +896,7 @@ def state_probes(probe_path: str, machine, n_threads: int, probe_tg_reference: f
     parts = [decode_parts(p, machine, n_threads) for p in paths]
     if any(p is None for p in parts):
         return None
-    return paths, (level_parts, *(p for p in parts if p is not None)), (probe_tg_reference, *(float(r) for r in refs))
+    return paths, (level_parts, *(p for p in parts if p is not None)), (probe_tg_reference, *(float(r or 0.0) for r in refs))
 
 
 def _predict(path: str, machine, n_threads: int, n_prompt: int):
