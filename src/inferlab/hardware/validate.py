@@ -597,7 +597,7 @@ def decode_parts(path: str, machine, n_threads: int) -> DecodeParts | None:
 # holds it), where the cache ends (toy-wide-10 against the others) and the DRAM stall (toy-wide-24).
 # A guest's share of a host's L3 moves with its neighbours (2026-12-05, 2 threads: toy-wide-10 decoded
 # 180-186 tok/s at 20:20 UTC against 207 at calibrate while toy-wide-8, 87 MB, kept 281): the level
-# probe alone sees the kernels, not the cache. With two probes a slower core and a smaller cache fit
+# probe alone cannot tell a slower core from less cache. With two probes a slower core and a smaller cache fit
 # the same two speeds (level 1, cache 0.6 and level 0.64, cache 1.07); with toy-wide-10 and -24 both
 # past a shrunken cache, their kernels and their stall both grow with their bytes, so the slowdown and
 # the stall trade off along a line (1.11x kernels and 0.86x stall fit a cache at 0.6x within 0.1 %):
@@ -713,7 +713,7 @@ class ValidationRow:
         return statistics.median(k for _, k, _, _ in st) if st else None
 
     def state_error(self) -> float | None:
-        """Decode predicted at the machine's state around each repetition (the three probes' fit:
+        """Decode predicted at the machine's state around each repetition (the probes' fit:
         the kernels' slowdown, the cache's scale, the stall's) over that repetition's speed, the
         median over the repetitions, - 1; None without the state probes."""
         st = self.machine_states()
