@@ -645,3 +645,23 @@ def test_llama_bench_times_the_state_probes_around_every_decode_repetition(tiny_
     assert len(r.pp_probe_tok_s) == 3  # prefill keeps its level probe alone
     bare = v.llama_bench(q, 2, n_prompt=0, n_gen=8, repetitions=2, state_probes=(q4,))  # no level probe: no state probes
     assert bare.tg_state_probe_tok_s == () and bare.state_probe_paths == ()
+
+
+@pytest.mark.engine
+def test_validate_state_says_when_no_state_probe_ran(tiny_f16, tmp_path):
+    """`--state` without what the state probes need (here: no level probe) still validates, and says
+    on stderr why there is no state, keeping stdout strict JSON with empty state fields."""
+    pytest.importorskip("llama_cpp")
+    import json
+
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import cli
+
+    q8 = v.quantize(tiny_f16, str(tmp_path / "tiny-Q8_0.gguf"), "Q8_0")
+    res = CliRunner().invoke(cli, ["validate", "--models", "", "--gguf", q8, "--n-prompt", "0", "--n-gen", "8", "--repetitions", "1",
+                                   "--threads", "1", "--no-probe", "--state", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "--state: no state probes ran" in res.stderr
+    (row,) = json.loads(res.stdout)
+    assert row["tg_states"] == [] and row["tg_state_error"] is None and row["tg_cache_scale"] is None

@@ -205,6 +205,9 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
         report = validate_api(models=model_list, presets=preset_list, gguf_paths=gguf_paths, threads=threads, repetitions=repetitions,
                               n_prompt=n_prompt, n_gen=n_gen, realtime=realtime, profile=not no_profile, on_row=on_row,
                               rounds=rounds, probe=not no_probe, state=state)
+    if state and not any(r.tg_states for r in report.rows):
+        err.print("[yellow]--state: no state probes ran: they need the level probe and a profile whose `inferlab calibrate --engine "
+                  "llama.cpp` measured a cache ramp and timed the ladder at these threads[/]")
     if as_json:
         click.echo(json.dumps(report.to_dict()["rows"], indent=1, allow_nan=False))
         return

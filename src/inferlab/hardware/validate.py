@@ -955,7 +955,7 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
         preset = preset or spec.file_type or "?"
         with realtime(rt):
             got = llama_bench(path, n_threads, n_prompt, n_gen, repetitions, probe=probe_path, flash_attn=flash_attn,
-                                  state_probes=st_paths)
+                              state_probes=st_paths)
         measured = runs[i].merged(got) if i in runs else got
         if probe_ref:  # a slow spell: repeat (2 at a time, up to 3x the repetitions) until enough ran at level
             floors = {"tg": FAST_LEVEL * probe_ref[0], "pp": FAST_LEVEL * probe_ref[1] if probe_ref[1] else None}
