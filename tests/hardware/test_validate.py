@@ -52,10 +52,11 @@ def test_decode_bytes_count_every_weight_once_but_one_row_of_the_embedding(tiny_
 def test_toy_catalog_sizes_are_in_the_issue_range():
     ladder_only = [m for m in v.KNEE_MODELS if m not in v.FIT_MODELS + (v.STREAM_MODEL,)]
     for name, cfg in v.TOY_MODELS.items():
-        if name not in ladder_only:  # the cache ladder spans sizes on purpose: 2 ... 24 layers of toy-wide
+        # the cache ladder spans sizes on purpose (2 ... 24 layers of toy-wide), and toy-mini is small to fit any cache
+        if name not in ladder_only + [v.CACHE_MODEL]:
             assert 100e6 <= cfg.n_params <= 300e6, cfg
         assert cfg.n_embd % 32 == 0 and cfg.n_ff % 32 == 0  # the 32-weight block types apply to every matrix
-    for name in v.FIT_MODELS + ("toy-200m", "toy-stream", *v.KNEE_MODELS):  # the K-quant presets' models: every matrix takes a K-quant
+    for name in v.FIT_MODELS + ("toy-200m", "toy-stream", v.CACHE_MODEL, *v.KNEE_MODELS):  # every matrix takes a K-quant
         assert v.TOY_MODELS[name].n_embd % 256 == 0 and v.TOY_MODELS[name].n_ff % 256 == 0
     smol = v.TOY_MODELS["toy-smol"]  # SmolLM2-135M's shape, fitted on: thin (d 576) and deep (30 layers)
     assert (smol.n_layer, smol.n_embd, smol.n_ff, smol.n_head, smol.n_head_kv, smol.n_vocab) == (30, 576, 1536, 9, 3, 49152)
@@ -121,7 +122,7 @@ def _can_realtime() -> bool:
 def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     """Acceptance (issue 16 s.1, issue 18 class 5): `inferlab calibrate --engine llama.cpp` (short:
     the four types of the files below, tg64/pp128) fits this machine's own rates on toy-thin,
-    toy-wide and toy-stream; then llama.cpp runs models that were not in the fit, a toy of another
+    toy-wide, toy-stream and toy-mini; then llama.cpp runs models that were not in the fit, a toy of another
     shape (toy-200m, d 1024, 12 layers) as Q4_K_M and Q8_0 and the real SmolLM2-135M Q4_1 file
     (thin and deep, a tied Q8_0 head), on every core, and every figure (decode and prefill) is
     within 60 % and the median within 40 % (a smoke guard: the target, every figure within 15 %,
@@ -147,7 +148,7 @@ def test_calibrate_then_validate_on_models_not_in_the_fit_within_15_percent():
     profile = load_profile()
     ref = profile["llama_cpp"]["reference"]
     assert set(ref["per_core_bytes_per_s"]) == {"Q4_1", "Q8_0", "Q4_K", "Q6_K"}
-    assert {m["model"] for m in ref["measurements"]} == set(v.FIT_MODELS) | {v.STREAM_MODEL} | set(v.KNEE_MODELS)  # the fit saw these shapes only
+    assert {m["model"] for m in ref["measurements"]} == set(v.FIT_MODELS) | {v.STREAM_MODEL, v.CACHE_MODEL} | set(v.KNEE_MODELS)  # the fit saw these shapes only
     assert ref["level_probe"]["best_tok_s"]  # every figure was timed beside the probe
     rows = json.loads(inferlab("validate", "--models", "toy-200m", "--presets", "Q4_K_M,Q8_0", "--gguf", smol, "--repetitions", "3",
                                "--n-prompt", "128", "--n-gen", "64", "--json", *rt))  # the lengths calibrate measured: llama.cpp's kernels change with the batch
@@ -365,11 +366,12 @@ def test_calibrate_keeps_every_rounds_samples_of_a_figure():
 
 def test_calibrate_times_each_type_on_every_shape_back_to_back(monkeypatch):
     """The plan's order, by hand (2 cores: threads 1 and 2; pp at 2 only; toy-stream tg only, F32
-    there once at 2 threads as the bandwidth run): all of Q4_0 (toy-thin, toy-wide, then toy-stream,
-    one of the common types), then all of Q5_1 (not common: no toy-stream run), then F32, then the
-    cache ladder (Q4_K decode at 2 threads on toy-wide's width, 2 ... 24 layers, toy-wide and
-    toy-stream among them: Q4_K is not among these types). With Q4_K among them the ladder follows
-    its own runs and leaves out the two it already times."""
+    there once at 2 threads as the bandwidth run): all of Q4_0 (toy-thin, toy-wide, then toy-stream
+    and toy-mini at 2 threads, one of the types with a stall of their own), then all of Q5_1 (not
+    one: no toy-stream or toy-mini run), then F32, then the cache ladder (Q4_K decode at 2 threads
+    on toy-wide's width, 2 ... 24 layers, toy-wide and toy-stream among them: Q4_K is not among
+    these types). With Q4_K among them the ladder follows its own runs and leaves out the two it
+    already times; Q4_K gets no toy-mini run (the ladder's toy-wide-2, 35 MB, is its in-cache run)."""
     pytest.importorskip("llama_cpp")
     from inferlab.hardware import calibrate as cal
 
@@ -377,7 +379,7 @@ def test_calibrate_times_each_type_on_every_shape_back_to_back(monkeypatch):
     keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q4_0", "Q5_1", "F32"))]
     on_shapes = ["{m}.{t}.1.tg", "{m}.{t}.2.tg", "{m}.{t}.2.pp"]
     want = [k.format(m=m, t="Q4_0") for m in ("toy-thin", "toy-wide") for k in on_shapes]
-    want += ["toy-stream.Q4_0.1.tg", "toy-stream.Q4_0.2.tg"]
+    want += ["toy-stream.Q4_0.1.tg", "toy-stream.Q4_0.2.tg", "toy-mini.Q4_0.2.tg"]
     want += [k.format(m=m, t="Q5_1") for m in ("toy-thin", "toy-wide") for k in on_shapes]
     want += [k.format(m=m, t="F32") for m in ("toy-thin", "toy-wide") for k in on_shapes] + ["toy-stream.F32.2.tg"]
     ladder = ["toy-wide-2", "toy-wide-4", "toy-wide", "toy-wide-8", "toy-wide-10", "toy-wide-12", "toy-stream", "toy-wide-18", "toy-wide-24"]
@@ -391,6 +393,29 @@ def test_calibrate_times_each_type_on_every_shape_back_to_back(monkeypatch):
     assert keys == [k.format(m=m, t="Q4_K") for m in ("toy-thin", "toy-wide") for k in on_shapes] + [
         "toy-stream.Q4_K.1.tg", "toy-stream.Q4_K.2.tg"] + [f"{m}.Q4_K.2.tg" for m in ladder if m not in ("toy-wide", "toy-stream")] + [
         "toy-stream.F32.2.tg"]
+    # every type with a stall of its own but the ladder's has its in-cache run, and only those
+    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan()]
+    assert sorted(k for k in keys if k.startswith("toy-mini.")) == sorted(f"toy-mini.{t}.2.tg" for t in cal.STALL_TYPES if t != "Q4_K")
+    assert {"Q8_0", "IQ4_XS", "F16"} <= set(cal.STALL_TYPES)
+
+
+def test_toy_mini_holds_every_stalled_type_in_any_cache_the_ladder_found(tmp_path):
+    """toy-mini's decode bytes, by hand: 4 layers x (q, o 512x512; k, v 512x256; gate, up, down
+    512x1536) = 4 x 3,145,728 weights, the output head 512 x 8192 = 4,194,304 and one embedding row
+    (512): 16,777,728 weights, 2 bytes each as F16 = 33.6 MB, under the ladder's smallest size
+    (toy-wide-2 Q4_K, 35 MB), so each type's toy-mini run has none of its bytes past a ramp the
+    ladder can find; the densest of STALL_TYPES is F16 (the smallest of them, Q4_0, 9.4 MB)."""
+    from inferlab.hardware import calibrate as cal
+    from inferlab.quant.types import ggml_type
+
+    cfg = v.TOY_MODELS[v.CACHE_MODEL]
+    weights = cfg.n_layer * (2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 1536) + 512 * 8192 + 512
+    assert weights == 16_777_728
+    bpw = {t: ggml_type(t).type_size / ggml_type(t).block_size for t in cal.STALL_TYPES}
+    assert max(bpw.values()) == 2.0 and weights * 2.0 < 35e6
+    # the F16 file the writer makes (read back by inferlab's GGUF reader) streams those bytes a step
+    f16 = v.toy_model(v.CACHE_MODEL, "F16", directory=str(tmp_path))
+    assert v.decode_bytes_by_type(f16)["F16"] == 2 * weights
 
 
 def test_decode_bandwidth_comes_from_the_f32_stream_toy_even_above_calibrates_numpy_read(monkeypatch):
@@ -568,8 +593,8 @@ def test_a_row_is_scored_at_the_machine_state_its_probes_give():
     state probes place the cache, and the row's prediction at that state is its measured speed
     (error ~0, within the grid's steps); against the level probe alone it is +7.9 %
     (175.3 / (379.7 x 2.983 / 6.970) - 1); against the fastest repetition +22 %. The row is scored
-    on the level probe; the state's error is shown beside it. A row whose probes did not all run
-    around every repetition has no state."""
+    at the state; the level probe's error is shown beside it. A row whose probes did not all run
+    around every repetition has no state, and is scored on the level probe."""
     state = (1.0, 0.8, 1.0)
     ref = tuple(1 / float(p.seconds()) for p in _PROBES)
     got = tuple(1 / float(p.seconds(*state)) for p in _PROBES)
@@ -586,10 +611,11 @@ def test_a_row_is_scored_at_the_machine_state_its_probes_give():
     assert 0.06 < row.matched_error("tg") < 0.10
     assert row.tg_error == pytest.approx(row.predicted_tg / speed - 1) and row.tg_error > 0.2
     assert len(row.machine_states()) == 2 and row.cache_scale() == pytest.approx(0.8, rel=0.04)
-    assert abs(row.state_error()) < 0.03 and row.scored_error("tg") == row.matched_error("tg")
+    assert abs(row.state_error()) < 0.03 and row.scored_error("tg") == row.state_error()
     # one probe missing a repetition: no state; scored on the level probe
     short = replace(row, measured=replace(measured, tg_state_probe_tok_s=((got[1],), (got[2], got[2]), (got[3], got[3]))))
     assert short.machine_states() == [] and short.state_error() is None
+    assert short.scored_error("tg") == short.matched_error("tg")
     # merged rounds keep each probe's samples in step with the repetitions
     both = measured.merged(measured)
     assert both.tg_state_probe_tok_s == tuple((g,) * 4 for g in got[1:]) and len(both.state_probe_samples()) == 4
@@ -599,7 +625,7 @@ def test_a_row_is_scored_at_the_machine_state_its_probes_give():
 
     out = validation_row(row)
     assert out.tg_cache_scale == row.cache_scale() and out.tg_state_error == row.state_error()
-    assert out.tg_scored_error == out.tg_matched_error and len(out.tg_states) == 2
+    assert out.tg_scored_error == out.tg_state_error != out.tg_matched_error and len(out.tg_states) == 2
     assert out.tg_state_probe_samples == tuple((g,) * 2 for g in got[1:])
 
 

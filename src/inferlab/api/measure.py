@@ -138,12 +138,12 @@ class ValidationRow:
     pp_matched_error: float | None = None
     tg_matched_error: float | None = None
     pp_scored_error: float | None = None  # the matched error where a probe ran, else pp_error
-    tg_scored_error: float | None = None
-    # with the state probes (validate.STATE_PROBE_MODELS, a calibrated profile with a cache ramp): their
+    tg_scored_error: float | None = None  # tg_state_error where the state probes ran, else as pp's
+    # with the state probes (validate.STATE_PROBES, a calibrated profile with a cache ramp): their
     # decode speeds around each repetition, the machine's state solved from them and the level probe's
     # per repetition (kernels' slowdown, the cache ramp's scale, the DRAM stall's scale, rms log
     # residual), its median cache scale, and decode predicted at that state against each repetition
-    # (the median; shown, not scored)
+    # (the median; what decode is scored on where it is given: tg_scored_error)
     tg_state_probe_samples: tuple[tuple[float, ...], ...] = ()
     tg_states: tuple[tuple[float, float, float, float], ...] = ()
     tg_cache_scale: float | None = None
@@ -188,7 +188,8 @@ def validate(*, models: tuple[str, ...] | None = None, presets: tuple[str, ...] 
     ``probe``: time the level probe around every repetition and score each row at the machine's
     speed level of that moment (hardware.validate.ValidationRow.matched_error); ``rounds``: passes.
     ``state``: with the probe and a profile whose calibrate measured a cache ramp, also time the
-    state probes and give decode at the machine's state beside the score (ValidationRow.state_error)."""
+    state probes and score decode at the machine's state they give (ValidationRow.state_error; the
+    level probe's ratio stays beside it)."""
     from ..hardware import validate as v
 
     models = tuple(models) if models is not None else tuple(v.TOY_MODELS)

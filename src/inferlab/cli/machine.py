@@ -149,6 +149,9 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
                      else f"past lscpu's L3 ({ref['l3_bytes'] / 2**20:.0f} MiB)" if ref.get("l3_bytes") else "")
             if stall:
                 con.print(f"DRAM stall {past}: " + ", ".join(f"{t} thread(s) {v * 1e12:.1f} ps/byte" for t, v in stall.items()))
+                for t, own in (ref.get("dram_stall_s_per_byte_by_type_by_threads") or {}).items():
+                    con.print(f"  a stall of their own ({t} thread(s), runs in and past the cache): "
+                              + ", ".join(f"{ty} {v * 1e12:.1f}" for ty, v in sorted(own.items())) + " ps/byte")
             if not ramp and len(ladder) >= 4:
                 con.print(f"[yellow]no step up on the cache ladder ({ladder[0] / 1e6:.0f}-{ladder[-1] / 1e6:.0f} MB): decode of "
                           f"models past {ladder[-1] / 1e6:.0f} MB is not verified on this machine[/]")
@@ -175,8 +178,8 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
 @click.option("--no-profile", is_flag=True, help="Ignore the machine profile: predict with the stored reference of this ISA class.")
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 10), help="Passes over the models (repetitions of every pass kept).")
 @click.option("--no-probe", is_flag=True, help="Do not time the level probe (toy-wide Q4_K) around each repetition; score against the fastest one.")
-@click.option("--state", is_flag=True, help="Also time the state probes (toy-wide-2, -10 and -24 Q4_K) around each decode "
-              "repetition and show decode at the machine's state they give (where calibrate measured a cache ramp).")
+@click.option("--state", is_flag=True, help="Also time the state probes (toy-mini Q4_0, toy-wide-2, -10 and -24 Q4_K) around each decode "
+              "repetition and score decode at the machine's state they give (where calibrate measured a cache ramp).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...], threads: int | None, repetitions: int,
              n_prompt: int, n_gen: int, realtime: bool, no_profile: bool, rounds: int, no_probe: bool, state: bool,
@@ -185,10 +188,10 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
     repetition runs between two runs of a level probe (a model the rates were fitted on), and a row
     is scored on its speed relative to the probe around each repetition, carried to the probe's
     calibrated speed ("vs probe"); the fastest repetition is shown and scored against too ("vs
-    best"). With --state, where calibrate measured a cache ramp, three state probes run around each
-    decode repetition too (in the cache, on the ramp, past it) and decode at the machine's state they
-    and the level probe give is shown ("at state": how slow the kernels ran, where the cache ended,
-    the DRAM stall). Rows whose repetitions disagree, or whose probe never reached 90 % of its calibrated
+    best"). With --state, where calibrate measured a cache ramp, four state probes run around each
+    decode repetition too (in the cache, on the ramp, past it) and decode is scored at the machine's
+    state they and the level probe give ("at state": how slow the kernels ran, where the cache ended,
+    the DRAM stall), "vs probe" shown beside it. Rows whose repetitions disagree, or whose probe never reached 90 % of its calibrated
     speed, are flagged."""
     from ..api import validate as validate_api
 
@@ -207,7 +210,7 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
                               rounds=rounds, probe=not no_probe, state=state)
     if state and not any(r.tg_states for r in report.rows):
         err.print("[yellow]--state: no state probes ran: they need the level probe and a profile whose `inferlab calibrate --engine "
-                  "llama.cpp` measured a cache ramp and timed the ladder at these threads[/]")
+                  "llama.cpp` measured a cache ramp and timed the ladder and toy-mini Q4_0 at these threads (calibrations since 2026-12-06)[/]")
     if as_json:
         click.echo(json.dumps(report.to_dict()["rows"], indent=1, allow_nan=False))
         return
@@ -257,16 +260,17 @@ def validate(engine: str, models: str, presets: str, gguf_paths: tuple[str, ...]
                       "no calibrate figure)")
         if stated:
             con.print("at state: decode predicted at the machine's state around each repetition (the level probe and the state probes "
-                      "toy-wide-2/-10/-24 Q4_K against their calibrate speeds: the kernels' slowdown, the cache ramp's scale, the DRAM "
+                      "toy-mini Q4_0, toy-wide-2/-10/-24 Q4_K against their calibrate speeds: the kernels' slowdown, the cache ramp's scale, the DRAM "
                       "stall's) over that repetition's speed, median - 1; cache = the ramp's scale (1.00x: where calibrate saw it); "
-                      "shown, not scored")
+                      "decode is scored at state where it is given")
         scored = [abs(e) for x in rows for e, m in ((x.scored_error("tg") if x.measured.tg_tok_s else None, "tg"),
                                                      (x.scored_error("pp") if x.measured.pp_tok_s else None, "pp"))
                   if e is not None and (probed or not x.unstable(m))]
         flagged = 0 if probed else sum(x.unstable(m) for x in rows for m in ("pp", "tg") if x.measured.samples(m))
         if scored:
             worst = max(scored)
-            con.print(f"worst error {'vs probe' if probed else 'vs best'} over {len(scored)} figures: {worst:.0%} "
+            how = ("decode at state, prefill vs probe" if stated else "vs probe") if probed else "vs best"
+            con.print(f"worst error ({how}) over {len(scored)} figures: {worst:.0%} "
                       f"({'within' if worst <= 0.15 else 'outside'} 15 %); {sum(e <= 0.15 for e in scored)} of {len(scored)} within 15 %"
                       + (f"; {flagged} figure(s) flagged: their repetitions disagree, so they are not scored" if flagged else ""))
         elif flagged:

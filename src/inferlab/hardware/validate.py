@@ -80,6 +80,12 @@ TOY_MODELS: dict[str, ToyConfig] = {
     # wide and ~30x the L3 cache of a desktop or server CPU as F32 (1.04 GB a step): calibrate's
     # memory-bound decode runs, for the bandwidth llama.cpp's decode reaches
     "toy-stream": ToyConfig("toy-stream", n_embd=1024, n_layer=15, n_ff=4096, n_head=16, n_head_kv=4),
+    # small enough for any last-level cache of note as F16 (34 MB; 18 MB as Q8_0, 9 MB as Q4_0; 4 layers
+    # of toy-thin's width, a vocabulary of 8192): calibrate's run of each type with all its bytes in the
+    # cache, beside its toy-stream run past it, so the type's own DRAM stall is told from its kernel's
+    # rate (calibrate.fit_decode). toy-thin is 98 MB as Q8_0, already 0.74 past the cache of an Intel
+    # Xeon guest at 2 threads (2026-12-06), where Q8_0's stall could not be told apart
+    "toy-mini": ToyConfig("toy-mini", n_embd=512, n_layer=4, n_ff=1536, n_head=8, n_head_kv=4, n_vocab=8192),
     # toy-wide at other depths: calibrate's cache ladder (KNEE_MODELS)
     **{f"toy-wide-{n}": ToyConfig(f"toy-wide-{n}", n_embd=1024, n_layer=n, n_ff=4096, n_head=16, n_head_kv=4) for n in (2, 4, 8, 10, 12, 18, 24)},
 }
@@ -90,6 +96,7 @@ TOY_MODELS: dict[str, ToyConfig] = {
 # llama.cpp runs at its kernels' rate were predicted bandwidth-bound and too slow (toy-125m
 # Q4_K_M -21 %)
 STREAM_MODEL, STREAM_TYPES = "toy-stream", ("F32",)
+CACHE_MODEL = "toy-mini"  # calibrate's in-cache run of the types it also times on toy-stream (calibrate.STALL_TYPES)
 # `inferlab calibrate --engine llama.cpp` fits this machine's rates on these two shapes (and its
 # decode bandwidth share on toy-stream) only; toy-125m, toy-smol, toy-200m, toy-290m and the real
 # SmolLM2-135M file are held out for validation.
@@ -282,7 +289,7 @@ class BenchResult:
     pp_probe_tok_s: tuple[float, ...] = ()
     tg_probe_tok_s: tuple[float, ...] = ()
     probe_path: str = ""
-    # the state probes (STATE_PROBE_MODELS) timed around each decode repetition as the level probe
+    # the state probes (STATE_PROBES) timed around each decode repetition as the level probe
     # is, one tuple of speeds per probe (its mean before and after each repetition), same clock
     tg_state_probe_tok_s: tuple[tuple[float, ...], ...] = ()
     state_probe_paths: tuple[str, ...] = ()
@@ -380,7 +387,7 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
     ``flash_attn``: on, as llama-bench's default (-fa auto) runs the CPU; off, as the stored
     reference CPUs of data/cpu_limits.json were measured ("flash_attention": false).
     ``state_probes``: more GGUFs timed around every decode repetition as the probe is (decode only;
-    validate's STATE_PROBE_MODELS: where the cache this moment ends, ValidationRow.machine_states).
+    validate's STATE_PROBES: where the cache this moment ends, ValidationRow.machine_states).
     """
     for name, v in (("n_threads", n_threads), ("repetitions", repetitions)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -583,10 +590,16 @@ def decode_parts(path: str, machine, n_threads: int) -> DecodeParts | None:
     _, _, limits, _ = _predict(path, machine, n_threads, 0)
     mats = decode_matrices(_tensors(model_from_gguf(path)))
     total = float(sum(b for _, b, _ in mats))
-    stalled = float(sum(b for ty, b, _ in mats if ty != "F32"))
-    stall_s = dram_stall_s(machine.ram, total, n_threads, stalled)
-    return DecodeParts(limits.compute_s - stall_s, limits.overhead_s, limits.memory_s, per_byte, stalled, total,
-                       (float(ramp[0]), float(ramp[1])))
+    by_type: dict[str, float] = {}
+    for ty, b, _ in mats:
+        if ty != "F32":
+            by_type[ty] = by_type.get(ty, 0.0) + b
+    stalled = float(sum(by_type.values()))
+    stall_s = dram_stall_s(machine.ram, total, n_threads, stalled, by_type)
+    # the step's stall once all of it is past the cache, per stalled byte: each type's own stall weighed by its bytes
+    past = dram_stall_s(machine.ram, float(ramp[1]) + total, n_threads, stalled, by_type) if stalled else 0.0
+    return DecodeParts(limits.compute_s - stall_s, limits.overhead_s, limits.memory_s, past / stalled if stalled else per_byte,
+                       stalled, total, (float(ramp[0]), float(ramp[1])))
 
 
 # The machine's state as validate runs, beside the level probe (toy-wide, 6 layers, 70 MB as Q4_K):
@@ -601,8 +614,15 @@ def decode_parts(path: str, machine, n_threads: int) -> DecodeParts | None:
 # the same two speeds (level 1, cache 0.6 and level 0.64, cache 1.07); with toy-wide-10 and -24 both
 # past a shrunken cache, their kernels and their stall both grow with their bytes, so the slowdown and
 # the stall trade off along a line (1.11x kernels and 0.86x stall fit a cache at 0.6x within 0.1 %):
-# toy-wide-2, in the cache at any such scale, pins the slowdown.
-STATE_PROBE_MODELS = ("toy-wide-2", "toy-wide-10", "toy-wide-24")
+# toy-wide-2, in the cache at any such scale, pins the slowdown. It is not at every scale: on the
+# same guest a day later (2026-12-06 noon) calibrate's ramp began at 48 MB and validate found it at
+# 0.57-0.62x (27-30 MB), toy-wide-2 on it, and the fit slid to the grid's edge again (kernels 0.5x,
+# stall 1.64x) on 7 of 18 repetitions of two rows, where toy-wide-2 itself ran at 0.95-1.02 of its
+# calibrate speed; toy-mini Q4_0 (9.4 MB, calibrate's in-cache run of Q4_0, 4 layers: a third of its
+# step is per-layer overhead) stays in the cache down to 0.2x and pins it there.
+# (model, ggml type) of each, pure as calibrate ran them
+STATE_PROBES = (("toy-mini", "Q4_0"), ("toy-wide-2", "Q4_K"), ("toy-wide-10", "Q4_K"), ("toy-wide-24", "Q4_K"))
+_PURE_PRESETS = {"Q4_0": "Q4_0", "Q4_K": "Q4_K_S"}  # the presets that write a toy's every matrix in the type (--pure), as calibrate
 STATE_SLOWDOWNS = (0.5, 3.0)  # the grid machine_state searches: kernels x slower (a level of 2 ... 0.33)
 STATE_CACHE_SCALES = (0.3, 2.0)  # the ramp's sizes x
 STATE_STALL_SCALES = (0.25, 4.0)  # the stall per byte x
@@ -658,7 +678,7 @@ class ValidationRow:
     # where calibrate's cache ladder saw decode's weights leave the cache (the rates' dram_ramp_bytes)
     cache_ramp_bytes: tuple[float, float] | None = None
     # the machine's state (machine_state): this row's decode parts, the probes' (the level probe's
-    # first, then STATE_PROBE_MODELS') and their decode speeds at calibrate, same threads
+    # first, then STATE_PROBES') and their decode speeds at calibrate, same threads
     decode_parts: DecodeParts | None = None
     state_probe_parts: tuple[DecodeParts, ...] = ()
     state_probe_reference_tg: tuple[float, ...] = ()
@@ -723,11 +743,19 @@ class ValidationRow:
         return statistics.median(1.0 / float(self.decode_parts.seconds(x, k, g)) / v for (x, k, g, _), v in zip(st, s)) - 1.0
 
     def scored_error(self, metric: str) -> float | None:
-        """The error this row is scored on: matched_error when a probe ran beside it, else against
-        the fastest repetition (tg_error / pp_error). state_error is shown beside it, not scored:
-        the state probes are Q4_K, and on the Xeon guest (2026-12-06, run A) Q8_0 and Q4_0 rows past
-        the cache ran 14-27 % slower than the K-quant stall at the state they gave predicts, where
-        the level probe's ratio scored all 13 decode rows within 12 %."""
+        """The error this row is scored on: decode at the machine's state (state_error) where the
+        state probes ran around its repetitions; else matched_error when a level probe ran beside
+        it; else against the fastest repetition (tg_error / pp_error). The state first: one probe's
+        ratio cannot tell a slower core from a smaller cache, and on the Xeon guest (2026-12-06, run
+        B) it scored the K-quant rows past the cache -16 ... -19 % (toy-200m Q6_K, toy-125m Q2_K)
+        where the probe's own slowdown came from the cache (the state probes: kernels 0.93-1.05x,
+        cache 0.77-0.94x) and at state all 20 K-quant rows were within 14 %. That needs each type's
+        own DRAM stall (calibrate's toy-mini and toy-stream runs): with the ladder's Q4_K stall alone
+        the legacy and IQ4 rows past the cache came out up to +31 % fast at state."""
+        if metric == "tg":
+            s = self.state_error()
+            if s is not None:
+                return s
         m = self.matched_error(metric)
         if m is not None:
             return m
@@ -799,7 +827,8 @@ def decode_limits(bytes_by_type: dict[str, int], n_layer: int, ram, n_threads: i
     else:
         compute_s = sum(b / cpu_decode_rate_bytes_per_s(ram, ty, n_threads)  # each type at its kernel's rate
                         for ty, b in bytes_by_type.items() if (ty != "F32" or only_f32) and b)
-        compute_s += dram_stall_s(ram, total, n_threads, total - bytes_by_type.get("F32", 0))
+        compute_s += dram_stall_s(ram, total, n_threads, total - bytes_by_type.get("F32", 0),
+                                  {k: b for k, b in bytes_by_type.items() if k != "F32"})
     if not only_f32:
         compute_s += bytes_by_type.get("F32", 0) / ram.bandwidth_bytes_per_s  # norms: a few KB, streamed
     by_threads = ref.get("overhead_s_per_layer_by_threads") or {}
@@ -880,19 +909,19 @@ def probe_reference(probe_path: str, machine, n_threads: int, n_prompt: int) -> 
 
 def state_probes(probe_path: str, machine, n_threads: int, probe_tg_reference: float
                  ) -> tuple[tuple[str, ...], tuple[DecodeParts, ...], tuple[float, ...]] | None:
-    """(the STATE_PROBE_MODELS' paths, the parts of the level probe and of each, their decode
-    speeds at calibrate) where ``machine``'s rates are a calibrated profile with a cache ramp and
-    calibrate's ladder timed each at ``n_threads``; else None (validate then scores on the level
-    probe alone)."""
+    """(the STATE_PROBES' paths, the parts of the level probe and of each, their decode speeds at
+    calibrate) where ``machine``'s rates are a calibrated profile with a cache ramp and calibrate
+    timed each at ``n_threads`` (the ladder, toy-mini); else None (validate then scores on the
+    level probe alone)."""
     from ..perf.cpu_model import attached_rates
 
     measured = {(m.get("model"), m.get("type"), m.get("threads")): m.get("tg_tok_s")
                 for m in (attached_rates(machine.ram) or {}).get("measurements") or []}
-    refs = [measured.get((name, KNEE_TYPE, n_threads)) for name in STATE_PROBE_MODELS]
+    refs = [measured.get((name, ty, n_threads)) for name, ty in STATE_PROBES]
     level_parts = decode_parts(probe_path, machine, n_threads)
     if level_parts is None or not all(refs):
-        return None
-    paths = tuple(toy_model(name, "Q4_K_S", pure=True) for name in STATE_PROBE_MODELS)  # --pure Q4_K_S: every matrix Q4_K, as the ladder
+        return None  # a profile calibrated before toy-mini (2026-12-06) has no calibrate speed for it
+    paths = tuple(toy_model(name, _PURE_PRESETS[ty], pure=True) for name, ty in STATE_PROBES)
     parts = [decode_parts(p, machine, n_threads) for p in paths]
     if any(p is None for p in parts):
         return None
@@ -926,8 +955,8 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
     a row is repeated until AT_LEVEL_MIN did, up to 3x), and also against its fastest repetition.
     ``rounds``: the whole list is run that many times, one model after the other each round, and
     each row keeps the repetitions of every round. ``flash_attn``: as llama_bench's. ``state``: with
-    the probe, where the profile holds a cache ramp, also time STATE_PROBE_MODELS around every decode
-    repetition and give decode at the machine's state beside the score (ValidationRow.state_error)."""
+    the probe, where the profile holds a cache ramp, also time STATE_PROBES around every decode
+    repetition and score decode at the machine's state (ValidationRow.state_error, scored_error)."""
     from ..perf.cpu_model import rates_label
     from .detect import detect_machine
     from .measure import realtime
