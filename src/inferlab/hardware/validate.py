@@ -616,8 +616,8 @@ def decode_parts(path: str, machine, n_threads: int) -> DecodeParts | None:
 # the stall trade off along a line (1.11x kernels and 0.86x stall fit a cache at 0.6x within 0.1 %):
 # toy-wide-2, in the cache at any such scale, pins the slowdown. It is not at every scale: on the
 # same guest a day later (2026-12-06 noon) calibrate's ramp began at 48 MB and validate found it at
-# 0.57-0.62x (27-30 MB), toy-wide-2 on it, and the fit slid to the grid's edge again (kernels 0.5x,
-# stall 1.64x) on 7 of 18 repetitions of two rows, where toy-wide-2 itself ran at 0.95-1.02 of its
+# 0.56-0.62x (27-30 MB), toy-wide-2 on it, and the fit slid to the grid's edge again (kernels 0.5x,
+# stall 1.64x) on 7 of 18 repetitions of two rows, where toy-wide-2 itself ran at 0.85-1.02 of its
 # calibrate speed; toy-mini Q4_0 (9.4 MB, calibrate's in-cache run of Q4_0, 4 layers: a third of its
 # step is per-layer overhead) stays in the cache down to 0.2x and pins it there.
 # (model, ggml type) of each, pure as calibrate ran them
