@@ -508,7 +508,9 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
             if k not in rates and bandwidth_bytes_per_s:
                 rates[k] = bandwidth_bytes_per_s  # every run of it was memory-bound
         out[t] = {"overhead_s_per_layer": x[0], "rate_bytes_per_s": rates, "dram_stall_s_per_byte": x[1 + len(types)] if dram else 0.0,
-                  "dram_stall_s_per_byte_by_type": {k: x[1 + len(types) + 1 + i] for i, k in enumerate(own)} if dram else {},
+                  # a type's own stall that the refit above left negative falls back to the shared one
+                  "dram_stall_s_per_byte_by_type": {k: x[1 + len(types) + 1 + i] for i, k in enumerate(own)
+                                                    if x[1 + len(types) + 1 + i] > 0} if dram else {},
                   "max_rel_residual": max(resid),
                   "left_out": [f"{r.get('model', '?')} {r.get('type', '?')}" for r in left_out]}
     return out

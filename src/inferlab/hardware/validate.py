@@ -579,27 +579,19 @@ class DecodeParts:
 def decode_parts(path: str, machine, n_threads: int) -> DecodeParts | None:
     """DecodeParts of one GGUF with ``machine``'s rates; None where the rates hold no cache ramp."""
     from ..models.gguf_reader import model_from_gguf
-    from ..perf.cpu_model import decode_matrices, dram_stall_s, reference_for
+    from ..perf.cpu_model import decode_matrices, dram_stall_s, dram_stall_s_per_byte, reference_for, stalled_bytes_by_type
 
-    ref = reference_for(machine.ram)
-    ramp = ref.get("dram_ramp_bytes")
-    used = str(min(n_threads, machine.ram.n_cores or n_threads))
-    per_byte = (ref.get("dram_stall_s_per_byte_by_threads") or {}).get(used, 0.0)
+    ramp = reference_for(machine.ram).get("dram_ramp_bytes")
+    mats = decode_matrices(_tensors(model_from_gguf(path)))
+    by_type = stalled_bytes_by_type(mats)
+    per_byte = dram_stall_s_per_byte(machine.ram, n_threads, by_type)  # each type's own stall, by its bytes
     if not ramp or not per_byte:
         return None
     _, _, limits, _ = _predict(path, machine, n_threads, 0)
-    mats = decode_matrices(_tensors(model_from_gguf(path)))
     total = float(sum(b for _, b, _ in mats))
-    by_type: dict[str, float] = {}
-    for ty, b, _ in mats:
-        if ty != "F32":
-            by_type[ty] = by_type.get(ty, 0.0) + b
-    stalled = float(sum(by_type.values()))
-    stall_s = dram_stall_s(machine.ram, total, n_threads, stalled, by_type)
-    # the step's stall once all of it is past the cache, per stalled byte: each type's own stall weighed by its bytes
-    past = dram_stall_s(machine.ram, float(ramp[1]) + total, n_threads, stalled, by_type) if stalled else 0.0
-    return DecodeParts(limits.compute_s - stall_s, limits.overhead_s, limits.memory_s, past / stalled if stalled else per_byte,
-                       stalled, total, (float(ramp[0]), float(ramp[1])))
+    stall_s = dram_stall_s(machine.ram, total, n_threads, stalled_by_type=by_type)
+    return DecodeParts(limits.compute_s - stall_s, limits.overhead_s, limits.memory_s, per_byte, float(sum(by_type.values())), total,
+                       (float(ramp[0]), float(ramp[1])))
 
 
 # The machine's state as validate runs, beside the level probe (toy-wide, 6 layers, 70 MB as Q4_K):
@@ -829,8 +821,7 @@ def decode_limits(bytes_by_type: dict[str, int], n_layer: int, ram, n_threads: i
     else:
         compute_s = sum(b / cpu_decode_rate_bytes_per_s(ram, ty, n_threads)  # each type at its kernel's rate
                         for ty, b in bytes_by_type.items() if (ty != "F32" or only_f32) and b)
-        compute_s += dram_stall_s(ram, total, n_threads, total - bytes_by_type.get("F32", 0),
-                                  {k: b for k, b in bytes_by_type.items() if k != "F32"})
+        compute_s += dram_stall_s(ram, total, n_threads, stalled_by_type={k: b for k, b in bytes_by_type.items() if k != "F32"})
     if not only_f32:
         compute_s += bytes_by_type.get("F32", 0) / ram.bandwidth_bytes_per_s  # norms: a few KB, streamed
     by_threads = ref.get("overhead_s_per_layer_by_threads") or {}

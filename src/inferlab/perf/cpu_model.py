@@ -358,24 +358,45 @@ def dram_bytes(ref: dict, total_bytes: float, stalled_bytes: float | None = None
     return max(0.0, total_bytes - (ref.get("l3_bytes") or 0))  # bytes past the L3
 
 
-def dram_stall_s(device: Device, total_bytes: float, n_threads: int | None = None, stalled_bytes: float | None = None,
-                 stalled_by_type: dict[str, float] | None = None) -> float:
-    """Seconds a decode step waits on DRAM beyond its kernels' time, where the rates measured it
-    (this machine's calibrated profile): the bytes the last-level cache does not hold between steps
-    (dram_bytes) x a per-byte stall fitted with the rates. 0 for a stored reference.
-    ``stalled_by_type`` (the step's stalled bytes by ggml type): each type's DRAM bytes at its own
-    stall where calibrate told one apart (dram_stall_s_per_byte_by_type_by_threads: STALL_TYPES'
-    types), the others at the shared one (the cache ladder's Q4_K)."""
+def stalled_bytes_by_type(matrices: list[tuple[str, int, int]]) -> dict[str, float]:
+    """A decode step's matrix bytes by ggml type that wait on DRAM once past the cache: all but F32
+    (an F32 file's weights stream at the bandwidth, their rate)."""
+    by_type: dict[str, float] = {}
+    for ty, b, _ in matrices:
+        if ty != "F32":
+            by_type[ty] = by_type.get(ty, 0.0) + b
+    return by_type
+
+
+def dram_stall_s_per_byte(device: Device, n_threads: int | None = None, stalled_by_type: Mapping[str, float] | None = None) -> float:
+    """The DRAM stall per byte past the cache that the rates measured (0 for a stored reference):
+    the shared one (the cache ladder's Q4_K), or, given the step's stalled bytes by type, each
+    type's own where calibrate told one apart (dram_stall_s_per_byte_by_type_by_threads: STALL_TYPES'
+    types) weighed by its bytes."""
     ref = reference_for(device)
     used = str(_threads_used(device, n_threads))
     per_byte = (ref.get("dram_stall_s_per_byte_by_threads") or {}).get(used, 0.0)
+    own = (ref.get("dram_stall_s_per_byte_by_type_by_threads") or {}).get(used) or {}
+    by_type = stalled_by_type or {}
+    total = sum(by_type.values())
+    if not per_byte or not own or not total:
+        return per_byte
+    return sum(b * own.get(ty, per_byte) for ty, b in by_type.items()) / total  # each type's stall, by its bytes
+
+
+def dram_stall_s(device: Device, total_bytes: float, n_threads: int | None = None, stalled_bytes: float | None = None,
+                 stalled_by_type: Mapping[str, float] | None = None) -> float:
+    """Seconds a decode step waits on DRAM beyond its kernels' time, where the rates measured it
+    (this machine's calibrated profile): the bytes the last-level cache does not hold between steps
+    (dram_bytes) x a per-byte stall fitted with the rates (dram_stall_s_per_byte). 0 for a stored
+    reference. ``stalled_by_type`` (the step's stalled bytes by ggml type) stands for
+    ``stalled_bytes`` and prices each type's DRAM bytes at its own stall."""
+    per_byte = dram_stall_s_per_byte(device, n_threads, stalled_by_type)
     if not per_byte:
         return 0.0
-    own = (ref.get("dram_stall_s_per_byte_by_type_by_threads") or {}).get(used) or {}
-    if stalled_by_type and own and ref.get("dram_ramp_bytes"):
-        share = dram_share(total_bytes, ref["dram_ramp_bytes"])  # every type's bytes leave the cache alike
-        return share * sum(b * own.get(ty, per_byte) for ty, b in stalled_by_type.items())  # DRAM bytes x each type's stall
-    return dram_bytes(ref, total_bytes, stalled_bytes) * per_byte  # DRAM bytes x stall per byte
+    if stalled_by_type is not None:  # {}: none of the step's bytes stall (an F32 file)
+        stalled_bytes = sum(stalled_by_type.values())
+    return dram_bytes(reference_for(device), total_bytes, stalled_bytes) * per_byte  # DRAM bytes x stall per byte
 
 
 def decode_overhead_s_per_layer(device: Device) -> float:
@@ -482,11 +503,7 @@ def cpu_decode_compute_s(device: Device, matrices: list[tuple[str, int, int]], n
     (where the rates measured one)."""
     split = split_bytes_by_type(device, matrices, n_threads)  # bytes x busiest-thread share
     kernels_s = sum(b / cpu_decode_rate_bytes_per_s(device, ty, n_threads) for ty, b in split.items() if b)
-    by_type: dict[str, float] = {}
-    for ty, b, _ in matrices:
-        if ty != "F32":  # an F32 file's weights stream at the bandwidth, their rate
-            by_type[ty] = by_type.get(ty, 0.0) + b
-    return kernels_s + dram_stall_s(device, sum(b for _, b, _ in matrices), n_threads, sum(by_type.values()), by_type)
+    return kernels_s + dram_stall_s(device, sum(b for _, b, _ in matrices), n_threads, stalled_by_type=stalled_bytes_by_type(matrices))
 
 
 @lru_cache(maxsize=4096)
