@@ -376,7 +376,7 @@ def test_calibrate_times_each_type_on_every_shape_back_to_back(monkeypatch):
     from inferlab.hardware import calibrate as cal
 
     monkeypatch.setattr(v, "physical_cores", lambda: 2)
-    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q4_0", "Q5_1", "F32"))]
+    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q4_0", "Q5_1", "F32"), spread=0)]
     on_shapes = ["{m}.{t}.1.tg", "{m}.{t}.2.tg", "{m}.{t}.2.pp"]
     want = [k.format(m=m, t="Q4_0") for m in ("toy-thin", "toy-wide") for k in on_shapes]
     want += ["toy-stream.Q4_0.1.tg", "toy-stream.Q4_0.2.tg", "toy-mini.Q4_0.2.tg"]
@@ -387,16 +387,42 @@ def test_calibrate_times_each_type_on_every_shape_back_to_back(monkeypatch):
     want += [f"{m}.Q4_K.2.tg" for m in ladder]
     assert keys == want
     # without F32 among the types, toy-stream F32 still runs (the bandwidth decode reaches), before the ladder
-    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q5_1",))]
+    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q5_1",), spread=0)]
     assert keys[-10:] == ["toy-stream.F32.2.tg"] + [f"{m}.Q4_K.2.tg" for m in ladder]
-    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q4_K",))]
+    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q4_K",), spread=0)]
     assert keys == [k.format(m=m, t="Q4_K") for m in ("toy-thin", "toy-wide") for k in on_shapes] + [
         "toy-stream.Q4_K.1.tg", "toy-stream.Q4_K.2.tg"] + [f"{m}.Q4_K.2.tg" for m in ladder if m not in ("toy-wide", "toy-stream")] + [
         "toy-stream.F32.2.tg"]
     # every type with a stall of its own but the ladder's has its in-cache run, and only those
-    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan()]
+    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(spread=0)]
     assert sorted(k for k in keys if k.startswith("toy-mini.")) == sorted(f"toy-mini.{t}.2.tg" for t in cal.STALL_TYPES if t != "Q4_K")
     assert {"Q8_0", "IQ4_XS", "F16"} <= set(cal.STALL_TYPES)
+
+
+def test_calibrate_times_the_ladder_and_the_state_probes_at_the_start_and_the_end(monkeypatch):
+    """SPREAD_TIMINGS: the cache ladder (Q4_K at 2 threads, nine sizes) and validate's state probes
+    (toy-mini Q4_0 and the ladder's toy-wide-2, -10, -24) are timed once more before the plan and once
+    more after it, under the same keys (run_calibration merges the repetitions), so their figures
+    span the calibration's spells; by hand for types Q4_0 and Q5_1 on 2 cores: the plan without
+    spread has 3 + 3 + 2 + 1 = 9 Q4_0 steps (toy-thin and toy-wide tg 1, tg 2, pp 2; toy-stream tg 1
+    and 2; toy-mini), 6 Q5_1, toy-stream F32 and the 9 ladder runs: 25 steps; spread adds the ladder
+    and toy-mini Q4_0 twice, 10 each: 45. Without Q4_0 among the types, toy-mini is in neither."""
+    pytest.importorskip("llama_cpp")
+    from inferlab.hardware import calibrate as cal
+
+    monkeypatch.setattr(v, "physical_cores", lambda: 2)
+    base = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q4_0", "Q5_1"), spread=0)]
+    steps = cal.llama_cpp_plan(("Q4_0", "Q5_1"))
+    keys = [s.key.removeprefix("llama_cpp.runs.") for s in steps]
+    assert cal.SPREAD_TIMINGS == 2 and len(base) == 25 and len(keys) == 45
+    spread = sorted([f"{m}.Q4_K.2.tg" for m in v.KNEE_MODELS] + ["toy-mini.Q4_0.2.tg"])
+    assert {f"{m}.{t}.2.tg" for m, t in v.STATE_PROBES} <= set(spread)
+    assert sorted(keys[:10]) == spread and sorted(keys[-10:]) == spread and keys[10:35] == base
+    assert all("(spread 1/2)" in s.label for s in steps[:10]) and all("(spread 2/2)" in s.label for s in steps[-10:])
+    keys = [s.key.removeprefix("llama_cpp.runs.") for s in cal.llama_cpp_plan(("Q5_1",))]
+    assert not [k for k in keys if k.startswith("toy-mini.")] and len(keys) == 6 + 1 + 9 + 2 * 9
+    with pytest.raises(InvalidValueError, match="spread"):
+        cal.llama_cpp_plan(("Q4_0",), spread=-1)
 
 
 def test_toy_mini_holds_every_stalled_type_in_any_cache_the_ladder_found(tmp_path):

@@ -251,9 +251,22 @@ def _bench_measurement(path: str, threads: int, what: str, n_prompt: int, n_gen:
                               + (", each repetition between two runs of the level probe" if probe else ""))
 
 
+# The cache ladder and validate's state probes are timed this many more times, at the start and the
+# end of the plan (their first timing is mid-plan, at KNEE_TYPE's turn), so their figures are medians
+# over the calibration's spells and not one spell's: validate carries each state probe's speed to its
+# calibrate figure (machine_state), and one figure off by 2 % moves the state of every row. On the
+# Xeon guest (2026-12-06, 14:31 UTC) toy-wide-24 ran 62-65 tok/s in one spell at calibrate and 65-74
+# an hour later in validate, the state put the DRAM stall at 0.6-0.95x, and the rows past the cache
+# came out +6 ... +17 % fast (their prediction at calibrate's state: -7 ... +6 %); re-solved with its
+# figure at 66, 68 or 70 tok/s instead of 64.5, 62, 61 or 60 of 66 decode figures were within 15 % at
+# state instead of 57
+SPREAD_TIMINGS = 2
+
+
 def llama_cpp_plan(types: tuple[str, ...] = tuple(LLAMA_CPP_TYPES), shapes: tuple[str, ...] | None = None,
                    threads: tuple[int, ...] | None = None, n_gen: int = 64, n_prompt: int = 128, repeats: int = 3,
-                   rt: bool = False, directory: str | None = None, rounds: int = 1, probe: bool = True) -> list[Step]:
+                   rt: bool = False, directory: str | None = None, rounds: int = 1, probe: bool = True,
+                   spread: int = SPREAD_TIMINGS) -> list[Step]:
     """Steps that time llama.cpp on pure-type toy models: tg at 1 thread and at every core, pp at
     every core, on validate.FIT_MODELS (two shapes, so the per-layer cost is not confounded with
     the bytes), and tg of STALL_TYPES on toy-stream too (a third size, ~5x the L3 cache at 4.5 bits
@@ -267,7 +280,10 @@ def llama_cpp_plan(types: tuple[str, ...] = tuple(LLAMA_CPP_TYPES), shapes: tupl
     decode 296-441 tok/s in one minute, 2026-12-01), and figures taken at different levels do not
     fit one model of the machine.
     ``rounds``: every figure is timed that many times, one pass over all the steps after another
-    (same keys: run_calibration keeps the repetitions of every round)."""
+    (same keys: run_calibration keeps the repetitions of every round).
+    ``spread``: the cache ladder's runs and validate's state probes among the plan's figures are timed
+    that many more times (2 repetitions at least each time), the first before every other step and the
+    last after them (SPREAD_TIMINGS)."""
     from ..errors import UnknownNameError
     from .validate import FIT_MODELS, _llama_cpp, physical_cores
 
@@ -277,6 +293,8 @@ def llama_cpp_plan(types: tuple[str, ...] = tuple(LLAMA_CPP_TYPES), shapes: tupl
             raise UnknownNameError("ggml type calibrate can measure with llama.cpp", ty, LLAMA_CPP_TYPES)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise InvalidValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if isinstance(spread, bool) or not isinstance(spread, int) or spread < 0:
+        raise InvalidValueError(f"spread must be an integer >= 0, got {spread!r}")
     shapes = shapes or FIT_MODELS
     n = physical_cores()
     threads = threads or tuple(sorted({1, n}))
@@ -285,7 +303,17 @@ def llama_cpp_plan(types: tuple[str, ...] = tuple(LLAMA_CPP_TYPES), shapes: tupl
     for rnd in range(1, rounds + 1):
         steps += _llama_cpp_round(types, shapes, threads, n_gen, n_prompt, repeats if rnd == 1 else 2, rt, directory,
                                   f" (round {rnd}/{rounds})" if rounds > 1 else "", probe, levels)
-    return steps
+    if not spread:
+        return steps
+    from .validate import KNEE_MODELS, KNEE_TYPE, STATE_PROBES
+
+    t = max(threads)
+    keep = {f"llama_cpp.runs.{m}.{ty}.{t}.tg" for m, ty in (*((m, KNEE_TYPE) for m in KNEE_MODELS), *STATE_PROBES)}
+    keep &= {s.key for s in steps}  # a state probe of a type not timed here (--types) is not added
+    again = [[s for s in _llama_cpp_round(tuple(sorted({ty for _, ty in STATE_PROBES} | {KNEE_TYPE})), shapes, threads, n_gen,
+                                          n_prompt, 2, rt, directory, f" (spread {i}/{spread})", probe, levels) if s.key in keep]
+             for i in range(1, spread + 1)]
+    return again[0] + steps + [s for a in again[1:] for s in a]  # the first before the plan, the rest after it
 
 
 def _matrices_extra(path: str) -> list[list]:
