@@ -259,7 +259,8 @@ def _bench_measurement(path: str, threads: int, what: str, n_prompt: int, n_gen:
 # an hour later in validate, the state put the DRAM stall at 0.6-0.95x, and the rows past the cache
 # came out +6 ... +17 % fast (their prediction at calibrate's state: -7 ... +6 %); re-solved with its
 # figure at 66, 68 or 70 tok/s instead of 64.5, 62, 61 or 60 of 66 decode figures were within 15 % at
-# state instead of 57
+# state instead of 57. A calibration with them (16:11 UTC, 2599 s, toy-wide-24's figure 66.1 from 59-68
+# across its spells), then validate --state: decode at state 32 of 33 within 15 % (mean +1.9 %)
 SPREAD_TIMINGS = 2
 
 
