@@ -432,6 +432,28 @@ def test_retime_times_again_only_the_figures_that_ran_in_a_slow_spell():
     assert cal.slow_figures(profile) == []
 
 
+def test_a_short_fast_spell_is_not_the_machines_level():
+    """Five figures; the probe around the first ran 380 and 390 tok/s (a fast spell), around the
+    others 260-310. Fastest 390, its runs within 90 % (>= 351): 380, 390, level 385; a figure is at
+    level with a probe run >= 0.9 x 385 = 346.5: 1 of 5, under half, so the level is the median of
+    all ten runs, (280 + 290) / 2 = 285, and no figure is slow (each has a run >= 256.5). With three
+    of the five in the fast spell (3 >= 2.5) the fast level stands: the median of 380, 390, 370, 385,
+    360, 375 = 377.5, and the two figures in the slow spell are timed again."""
+    def runs_of(probes):
+        return {"toy-thin": {ty: {"2": {"tg": {"samples": [100.0, 101.0], "extra": {"probe": list(p)}}}}
+                             for ty, p in zip(("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"), probes)}}
+
+    slow = [(270.0, 280.0), (260.0, 290.0), (300.0, 310.0), (280.0, 270.0)]
+    best, level = cal.probe_levels(runs_of([(380.0, 390.0), *slow]))
+    assert best[("2", "tg")] == 390.0 and level[("2", "tg")] == pytest.approx(285.0)
+    assert cal.slow_figures({"llama_cpp": {"runs": runs_of([(380.0, 390.0), *slow])}}) == []
+    fast = [(380.0, 390.0), (370.0, 385.0), (360.0, 375.0)]
+    best, level = cal.probe_levels(runs_of([*fast, *slow[:2]]))
+    assert level[("2", "tg")] == pytest.approx(377.5)
+    assert cal.slow_figures({"llama_cpp": {"runs": runs_of([*fast, *slow[:2]])}}) == [
+        "llama_cpp.runs.toy-thin.Q4_K.2.tg", "llama_cpp.runs.toy-thin.Q6_K.2.tg"]
+
+
 def test_retime_stops_when_a_pass_leaves_the_slow_figures_as_they_were():
     """A slow spell that lasts: A's probe stays at 1000 beside B's 1500 in every pass. Pass 1 times A
     again, it stays slow (one figure before, one after) and no second pass runs: 2 runs of A with
