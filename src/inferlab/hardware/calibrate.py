@@ -605,7 +605,7 @@ def probe_levels(runs: dict) -> tuple[dict, dict]:
     for k, lv in level.items():
         at = sum(any(b >= FAST_LEVEL * lv for b in probe) for probe in figures.get(k, ()))
         if at < LEVEL_MIN_FIGURE_SHARE * len(figures.get(k, ())):
-            level[k] = min(lv, statistics.median(probe_runs[k]))
+            level[k] = statistics.median(probe_runs[k])  # never above the fast level: that is the median of the top runs
     return best, level
 
 
