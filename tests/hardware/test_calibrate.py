@@ -688,3 +688,53 @@ def test_a_types_own_stall_prices_its_bytes_past_the_cache():
     assert dram_stall_s(dev, 147e6, 2, 147e6, by_type) == pytest.approx(7.575e-3)
     assert dram_stall_s(dev, 86e6, 2, 86e6, {"Q4_0": 50e6, "Q6_K": 36e6}) == pytest.approx(0.5 * (50e6 * 64e-12 + 36e6 * 25e-12))
     assert dram_stall_s(dev, 147e6, 2, 147e6) == pytest.approx(3.675e-3)
+
+
+def test_a_decode_figure_far_off_the_fit_of_the_others_is_timed_again(monkeypatch):
+    """A known machine at 2 threads: 50 us a layer, Q4_0 40 GB/s, Q8_0 30 GB/s, no cache ramp; three
+    shapes each (toy-thin 24 layers, toy-125m and toy-200m 12), e.g. toy-125m Q4_0: 12 x 50e-6 +
+    60e6 / 40e9 = 2.1 ms a token, 476 tok/s. Its first timing ran 25 % fast (a spell), every
+    repetition beside the probe at level: the least squares (3 unknowns, 6 figures) cannot put it on
+    the others' line, so it is the figure furthest off the fit and past MISFIT_RESIDUAL. With
+    ``misfit`` it is timed again (3 repetitions on the machine's line: the median of 2 fast and 3
+    true ones is the true speed) and the refit is exact; a figure the fit already holds within 8 % is
+    not timed again, and without ``misfit`` nothing is."""
+    from inferlab.hardware import validate as v
+
+    monkeypatch.setattr(v, "physical_cores", lambda: 2)
+    monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
+    shapes = (("toy-thin", 24, 50e6), ("toy-125m", 12, 60e6), ("toy-200m", 12, 90e6))
+    calls: dict[str, int] = {}
+
+    def step(model: str, nl: int, ty: str, b: float, rate: float) -> cal.Step:
+        key = f"llama_cpp.runs.{model}.{ty}.2.tg"
+        tok_s = 1 / (nl * 50e-6 + b / rate)
+
+        def run() -> cal.Measurement:
+            calls[key] = calls.get(key, 0) + 1
+            off = key == "llama_cpp.runs.toy-125m.Q4_0.2.tg" and calls[key] == 1
+            samples = (1.25 * tok_s,) * 2 if off else (tok_s,) * 3
+            return cal.Measurement("llama.cpp tg", "tok/s", samples, extra={"n_layer": nl, "bytes_by_type": {ty: b},
+                                                                            "probe": [1000.0] * len(samples)})
+        return cal.Step(key, f"{model} {ty}", run)
+
+    steps = [step(m, nl, ty, b * k, rate) for ty, rate, k in (("Q4_0", 40e9, 1.0), ("Q8_0", 30e9, 1.9)) for m, nl, b in shapes]
+    seen: list[tuple[str, bool]] = []
+    profile = cal.run_calibration(steps, on_step=lambda s, m, why: seen.append((s.label, s.again)), gpu=False, misfit=True)
+    off = profile["llama_cpp"]["misfit_retimed"]
+    worst = max(off, key=lambda k: abs(off[k]))
+    assert worst == "llama_cpp.runs.toy-125m.Q4_0.2.tg" and off[worst] > cal.MISFIT_RESIDUAL  # it ran faster than the fit
+    assert all(abs(r) > cal.MISFIT_RESIDUAL for r in off.values()) and len(off) < len(steps)
+    assert all(calls[s.key] == (2 if s.key in off else 1) for s in steps)
+    assert any(label.startswith("toy-125m Q4_0 again (+") and label.endswith("off the fit of the others)") and again for label, again in seen)
+    fig = profile["llama_cpp"]["runs"]["toy-125m"]["Q4_0"]["2"]["tg"]
+    assert len(fig["samples"]) == 5 and fig["median"] == pytest.approx(1 / 2.1e-3)
+    ref = profile["llama_cpp"]["reference"]
+    assert ref["overhead_s_per_layer_by_threads"]["2"] == pytest.approx(50e-6, rel=1e-6)
+    assert ref["rates_bytes_per_s_by_threads"]["2"] == pytest.approx({"Q4_0": 40e9, "Q8_0": 30e9}, rel=1e-6)
+    assert max(abs(m["fit_residual"]) for m in ref["measurements"]) == pytest.approx(0, abs=1e-9)
+    assert cal.misfit_figures(profile) == []
+    calls.clear()
+    plain = cal.run_calibration(steps, gpu=False, retime=2)  # misfit off: each figure once
+    assert "misfit_retimed" not in plain["llama_cpp"] and set(calls.values()) == {1}
+    assert cal.misfit_figures(plain)[0][0] == "llama_cpp.runs.toy-125m.Q4_0.2.tg"

@@ -34,7 +34,8 @@ def calibrate(*, threads: tuple[int, ...] | None = None, repeats: int = 5, size_
     ``accept_noisy`` (then it is saved flagged). ``rounds``: passes over the llama.cpp figures;
     ``probe``: time each llama.cpp repetition between two runs of the level probe (llama_cpp_plan);
     ``retime``: passes that time again the llama.cpp figures whose every repetition ran in a slow
-    spell (run_calibration)."""
+    spell, then (when not 0) one over the decode figures furthest off the fit of the others
+    (run_calibration's misfit)."""
     from ..hardware import calibrate as cal
 
     if engine not in ("none", "llama.cpp"):
@@ -48,7 +49,7 @@ def calibrate(*, threads: tuple[int, ...] | None = None, repeats: int = 5, size_
         steps += cal.llama_cpp_plan(types or tuple(cal.LLAMA_CPP_TYPES), n_gen=n_gen, n_prompt=n_prompt, repeats=3, rt=realtime,
                                     rounds=rounds, probe=probe)
     with cal.realtime(realtime):
-        profile = cal.run_calibration(steps, on_step, retime=retime)
+        profile = cal.run_calibration(steps, on_step, retime=retime, misfit=retime > 0)
     if profile["problems"] and not accept_noisy and save:
         raise cal.UnstableMeasurementError(profile["problems"], kept=_keep_rejected(profile))
     if profile["problems"]:
