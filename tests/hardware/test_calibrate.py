@@ -330,6 +330,48 @@ def test_the_fit_takes_every_figure_at_the_level_probes_fastest_level(monkeypatc
     assert a["tg_tok_s"] == pytest.approx(403.2, rel=1e-3)  # its repetitions at level; their median over all four: 352.8
 
 
+@pytest.mark.parametrize("ramp", [False, True])
+def test_a_slow_spells_figure_is_carried_by_the_probe_uncapped_where_the_ladder_sees_no_cache_ramp(monkeypatch, ramp):
+    """The cache ladder (toy-wide at 2-24 layers, toy-wide, toy-stream: Q4_K, 2 threads, 9 MB a
+    layer + 17 MB, 35-233 MB), every repetition with the probe at its level (600 tok/s). Without a
+    ramp (a machine whose L3 is under every ladder size: the Zen 5 guest's 32 MiB, 2026-12-07) each
+    step is 60 us a layer + bytes / 40 GB/s; toy-thin Q4_0 (24 layers, 52 MB, 30 GB/s: 1 / (24 x 60e-6
+    + 52e6 / 30e9) = 315.1 tok/s) ran its four repetitions in a spell that slowed it and the probe
+    alike (0.75: 236.3 tok/s beside a probe at 450). The probe follows the machine there: carried by
+    it, 236.3 / 450 x 600 = 315.1, where capped at its fastest repetition it would stand at 236.3 and
+    every such figure would come out slow. With a ramp (+30 ps a byte past 80-130 MB) the probe's
+    70 MB can read a spell of the cache the toy does not see (toy-thin at full speed beside the probe
+    at 0.75: 420.1 carried): capped, 315.1."""
+    from inferlab.hardware import validate as v
+    from inferlab.perf.cpu_model import dram_share
+
+    monkeypatch.setattr(v, "physical_cores", lambda: 2)
+    monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
+
+    def fig(nl, b, ty, tok, levels):
+        return {"2": {"tg": cal.Measurement("x", "tok/s", tuple(tok * a for a, _ in levels),
+                                            extra={"n_layer": nl, "bytes_by_type": {ty: b}, "probe": [600 * p for _, p in levels]}).to_json()}}
+
+    runs: dict = {}
+    for model in v.KNEE_MODELS:
+        nl = v.TOY_MODELS[model].n_layer
+        b = nl * 9e6 + 17e6
+        s = nl * 60e-6 + (b / 50e9 + dram_share(b, (80e6, 130e6)) * b * 3e-11 if ramp else b / 40e9)
+        runs[model] = {"Q4_K": fig(nl, b, "Q4_K", 1 / s, ((1.0, 1.0),) * 3)}
+    thin = 1 / (24 * 60e-6 + 52e6 / 30e9)
+    assert thin == pytest.approx(315.1, abs=0.05)
+    runs["toy-thin"] = {"Q4_0": fig(24, 52e6, "Q4_0", thin, ((1.0, 0.75),) * 4 if ramp else ((0.75, 0.75),) * 4)}
+    profile = {"date": "2026-12-07T02:33:00+00:00", "host": {"cpu": "test CPU", "features": ["avx512f"], "name": "box"},
+               "cpu": {}, "llama_cpp": {"runs": runs}}
+    ref = cal.llama_cpp_reference(profile)
+    assert (ref["dram_ramp_bytes"] is not None) == ramp
+    (a,) = [m for m in ref["measurements"] if m["model"] == "toy-thin"]
+    assert a["tg_tok_s"] == pytest.approx(315.1, abs=0.1)  # no ramp: 236.3 capped; ramp: 420.1 carried
+    if not ramp:
+        assert ref["overhead_s_per_layer_by_threads"]["2"] == pytest.approx(60e-6)
+        assert ref["rates_bytes_per_s_by_threads"]["2"] == pytest.approx({"Q4_K": 40e9, "Q4_0": 30e9})
+
+
 def test_two_threads_fit_past_twice_one_threads_rate_only_where_their_runs_pin_it():
     """A 2-thread rate past 2 x the 1-thread rate whose bytes take under MIN_KERNEL_SHARE of every
     run of it (the least squares moved them onto the overhead: a short calibration's Q4_K at 2627
@@ -698,11 +740,22 @@ def test_a_decode_figure_far_off_the_fit_of_the_others_is_timed_again(monkeypatc
     the others' line, so it is the figure furthest off the fit and past MISFIT_RESIDUAL. With
     ``misfit`` it is timed again (3 repetitions on the machine's line: the median of 2 fast and 3
     true ones is the true speed) and the refit is exact; a figure the fit already holds within 8 % is
-    not timed again, and without ``misfit`` nothing is."""
+    not timed again, and without ``misfit`` nothing is. The machine's L3 is held at 480 MiB (the
+    Xeon guest's lscpu), past every toy: under this host's own L3 (a Zen 5 guest's 32 MiB) every toy
+    has bytes past it, a DRAM stall is fitted as a fourth unknown and takes the fast figure in."""
+    import dataclasses
+
     from inferlab.hardware import validate as v
+    from inferlab.hardware.probes import cpu as probes_cpu
 
     monkeypatch.setattr(v, "physical_cores", lambda: 2)
     monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
+    real_probe = probes_cpu.probe_cpu
+
+    def probe_cpu():
+        cpu, reports = real_probe()
+        return (dataclasses.replace(cpu, l3_bytes=480 * 2**20) if cpu else cpu), reports
+    monkeypatch.setattr(probes_cpu, "probe_cpu", probe_cpu)
     shapes = (("toy-thin", 24, 50e6), ("toy-125m", 12, 60e6), ("toy-200m", 12, 90e6))
     calls: dict[str, int] = {}
 

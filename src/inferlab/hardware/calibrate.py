@@ -676,17 +676,14 @@ def llama_cpp_reference(profile: dict) -> dict:
     from ..perf.cpu_model import dram_share, split_bytes
     from .validate import FAST_LEVEL, KNEE_MODELS, KNEE_TYPE, PROBE_MODEL, PROBE_TYPE, STREAM_MODEL, TOY_MODELS, physical_cores
 
-    runs = []
     n = physical_cores()
     peak = nominal_fp32_peak_tflops() or profile.get("cpu", {}).get("matmul_tflops", {}).get("fp32", {}).get("best") or 1.0
     simd = _simd(profile)
     l3 = profile.get("host", {}).get("l3_bytes")
-    stream = []
-    pp_runs = []
     measured = profile.get("llama_cpp", {}).get("runs", {})
     probe_best, probe_level = probe_levels(measured)
 
-    def tok_s(fig: dict, t: str, what: str) -> float:
+    def tok_s(fig: dict, t: str, what: str, cap: bool) -> float:
         probe = (fig.get("extra") or {}).get("probe")
         if probe and len(probe) == len(fig["samples"]) and (t, what) in probe_best:
             # the repetitions that ran while the probe ran at the machine's level (validate.FAST_LEVEL of
@@ -699,46 +696,70 @@ def llama_cpp_reference(profile: dict) -> dict:
             if fast:
                 return statistics.median(fast)
             # none ran at level: its speed relative to the probe, at the probe's level, but never past its
-            # fastest repetition. The probe (70 MB) sits on the Xeon guest's cache ramp, so a spell that
-            # takes only cache slows it and not a toy held in or far past the cache (2026-12-06: toy-wide-10
-            # Q4_K 133-146 tok/s beside a probe at 212-303; scaled, 206 tok/s, and the ladder's ramp
-            # came out 67-70 MB with a 23 % residual; capped, 48-92 MB and 5 %)
+            # fastest repetition (``cap``) where the ladder measured a cache ramp. The probe (70 MB) sits
+            # on the Xeon guest's cache ramp, so a spell that takes only cache slows it and not a toy held
+            # in or far past the cache (2026-12-06: toy-wide-10 Q4_K 133-146 tok/s beside a probe at
+            # 212-303; scaled, 206 tok/s, and the ladder's ramp came out 67-70 MB with a 23 % residual;
+            # capped, 48-92 MB and 5 %). Where every toy past toy-mini is past the cache, the probe's
+            # spells are the cores' and DRAM's, as the toys': capped there, a slow spell's figures stood
+            # at their fastest repetition and decode came out slow (Zen 5 guest, 2026-12-07: 36 of 75
+            # 2-thread decode figures none of whose repetitions ran at level, the probe at 272-604 tok/s;
+            # held-out decode -9 % on the mean, 26 of 33 rows within 15 %)
             scaled = statistics.median(a / b for a, b in zip(fig["samples"], probe)) * probe_level[(t, what)]
-            return min(scaled, max(fig["samples"]))
+            return min(scaled, max(fig["samples"])) if cap else scaled
         return fig["best"]
 
-    for model, by_type in measured.items():
-        for ty, by_threads in by_type.items():
-            for t, m in by_threads.items():
-                if "tg" in m:
-                    x = m["tg"]["extra"]
-                    # the F32 stream toy waits on DRAM: a slow spell that slows the probe's kernels (another
-                    # guest on the core) leaves it as it was (2026-12-01: 53-57 tok/s beside a probe at 78 %
-                    # of its best), so its fastest repetition is its figure, not its ratio to the probe
-                    bandwidth_run = model == STREAM_MODEL and ty == "F32"
-                    rate = m["tg"]["best"] if bandwidth_run else tok_s(m["tg"], t, "tg")
-                    run = {"model": model, "type": ty, "threads": int(t), "n_layer": x["n_layer"], "bytes_by_type": x["bytes_by_type"],
-                           "s_per_token": 1 / rate, "tg_tok_s": rate}
-                    if x.get("matrices"):
-                        run["split_bytes_by_type"] = split_bytes([tuple(mx) for mx in x["matrices"]], int(t), simd)
-                    (stream if bandwidth_run else runs).append(run)
-                if "pp" in m:
-                    x = m["pp"]["extra"]
-                    n_embd = x.get("n_embd") or (TOY_MODELS[model].n_embd if model in TOY_MODELS else None)
-                    if not n_embd:
-                        raise InvalidValueError(f"the profile's prefill run of {model!r} does not say its n_embd; run `inferlab calibrate --engine llama.cpp` again")
-                    pp_runs.append({"type": ty, "threads": int(t), "n_layer": x["n_layer"], "n_embd": n_embd,
-                                    "flops_per_token": x["prefill_flops_per_token"],
-                                    "n_prompt": x.get("n_prompt"),
-                                    "s_per_token": 1 / tok_s(m["pp"], t, "pp")})
+    def collect(cap: bool) -> tuple[list[dict], list[dict], list[dict]]:
+        """(decode runs, the F32 stream toy's decode runs, prefill runs) of the profile's figures."""
+        runs: list[dict] = []
+        stream: list[dict] = []
+        pp_runs: list[dict] = []
+        for model, by_type in measured.items():
+            for ty, by_threads in by_type.items():
+                for t, m in by_threads.items():
+                    if "tg" in m:
+                        x = m["tg"]["extra"]
+                        # the F32 stream toy waits on DRAM: a slow spell that slows the probe's kernels (another
+                        # guest on the core) leaves it as it was (2026-12-01: 53-57 tok/s beside a probe at 78 %
+                        # of its best), so its fastest repetition is its figure, not its ratio to the probe
+                        bandwidth_run = model == STREAM_MODEL and ty == "F32"
+                        rate = m["tg"]["best"] if bandwidth_run else tok_s(m["tg"], t, "tg", cap)
+                        run = {"model": model, "type": ty, "threads": int(t), "n_layer": x["n_layer"], "bytes_by_type": x["bytes_by_type"],
+                               "s_per_token": 1 / rate, "tg_tok_s": rate}
+                        if x.get("matrices"):
+                            run["split_bytes_by_type"] = split_bytes([tuple(mx) for mx in x["matrices"]], int(t), simd)
+                        (stream if bandwidth_run else runs).append(run)
+                    if "pp" in m:
+                        x = m["pp"]["extra"]
+                        n_embd = x.get("n_embd") or (TOY_MODELS[model].n_embd if model in TOY_MODELS else None)
+                        if not n_embd:
+                            raise InvalidValueError(f"the profile's prefill run of {model!r} does not say its n_embd; run `inferlab calibrate --engine llama.cpp` again")
+                        pp_runs.append({"type": ty, "threads": int(t), "n_layer": x["n_layer"], "n_embd": n_embd,
+                                        "flops_per_token": x["prefill_flops_per_token"],
+                                        "n_prompt": x.get("n_prompt"),
+                                        "s_per_token": 1 / tok_s(m["pp"], t, "pp", cap)})
+        return runs, stream, pp_runs
+
+    def cache_ladder(runs: list[dict]) -> list[dict]:
+        t_max = max(r["threads"] for r in runs)
+        return [{"n_layer": r["n_layer"], "bytes": _weight_bytes(r["bytes_by_type"]), "s_per_token": r["s_per_token"]}
+                for r in runs if r["model"] in KNEE_MODELS and r["type"] == KNEE_TYPE and r["threads"] == t_max]
+
+    runs, stream, pp_runs = collect(cap=True)
     if not runs:
         raise InvalidValueError("the profile holds no llama.cpp runs to fit; run `inferlab calibrate --engine llama.cpp`")
     # the bytes of each run that come from DRAM: by the cache ramp its ladder measured (every thread
     # count: the cache is the machine's), else (a profile without the ladder) the bytes past lscpu's L3
-    t_max = max(r["threads"] for r in runs)
-    ladder = [{"n_layer": r["n_layer"], "bytes": _weight_bytes(r["bytes_by_type"]), "s_per_token": r["s_per_token"]}
-              for r in runs if r["model"] in KNEE_MODELS and r["type"] == KNEE_TYPE and r["threads"] == t_max]
+    ladder = cache_ladder(runs)
     ramp = fit_cache_ramp(ladder)
+    if ramp is None and len(ladder) >= 4:
+        # no ramp: the figures of the slow spells are carried by the probe, uncapped (tok_s), unless
+        # so carried the ladder shows one
+        uncapped = collect(cap=False)
+        if fit_cache_ramp(cache_ladder(uncapped[0])) is None:
+            runs, stream, pp_runs = uncapped
+            ladder = cache_ladder(runs)
+    t_max = max(r["threads"] for r in runs)
     for r in runs:
         total = _weight_bytes(r["bytes_by_type"])
         if ramp:
