@@ -823,8 +823,9 @@ def llama_cpp_reference(profile: dict) -> dict:
             "dram_ramp_bytes": ramp["ramp_bytes"] if ramp else None, "cache_ladder": {
                 "fit": ramp, "ladder_bytes": sorted(r["bytes"] for r in ladder), "type": KNEE_TYPE, "threads": t_max,
                 "what": "decode's weights come from DRAM past dram_ramp_bytes (cpu_model.dram_share), fitted on the ladder's runs"
-                        if ramp else ("no step up seen on the ladder: its rates carry the cache as it is at these sizes; "
-                                      "decode of models past its largest size is not verified here") if len(ladder) >= 4 else
+                        if ramp else ("no step up seen on the ladder (its smallest size past the cache already, or no step "
+                                      "within it): the bytes past lscpu's L3 stall, and a slow spell's figures are carried by "
+                                      "the probe uncapped; decode of models past its largest size is not verified here") if len(ladder) >= 4 else
                         "no ladder in this profile (calibrated before 2026-12-05): the bytes past lscpu's L3 stand in"},
             "left_out_memory_bound_by_threads": {str(t): f["left_out"] for t, f in fits.items() if f["left_out"]},
             "level_probe": {"model": PROBE_MODEL, "type": PROBE_TYPE, "best_tok_s": {f"{t}.{w}": v for (t, w), v in sorted(probe_best.items())},
