@@ -571,6 +571,28 @@ def test_the_cache_ladder_measured_on_a_xeon_guest_steps_where_its_speed_falls()
     assert hi < 480 * 2**20 / 3  # far below lscpu's L3
 
 
+def test_a_decline_over_the_whole_ladder_is_not_a_cache_ramp(monkeypatch):
+    """The ladder as a quiet calibration measured it on a Zen 5 guest (2026-12-07, 2 threads, lscpu L3
+    32 MiB, every size past it; the probe at 0.97-1.04 of its level): toy-wide Q4_K decode 44.3 GB/s at
+    35.5 MB, 42.3 at 52.6, 42.4 at 69.7, 39.5 at 86.9, 37.9 at 104, 38.7 at 121, 35.5 at 147, 35.6 at
+    172 and 32.2 GB/s at 224 MB: a decline to the last size, no flat tail. The best ramp of the grid
+    runs 70-224 MB, its end at the ladder's last size (a stall of 5.7 ps a byte, 18 % of the last
+    step: past KNEE_MIN_STALL_SHARE), and held-out decode priced on it came out +8.7 % on the mean, 23
+    of 33 within 15 %. With under KNEE_MIN_PAST sizes at or past its end it is no ramp."""
+    sizes = (35537472, 52642368, 69747264, 86852160, 103957056, 121061952, 146719296, 172376640, 223691328)
+    layers = (2, 4, 6, 8, 10, 12, 15, 18, 24)
+    tok_s = (1246.9, 803.2, 608.0, 455.2, 364.5, 319.8, 242.0, 206.5, 144.1)
+    lad = [{"n_layer": n, "bytes": b, "s_per_token": 1 / t} for n, b, t in zip(layers, sizes, tok_s)]
+    gbs = [b * t / 1e9 for b, t in zip(sizes, tok_s)]
+    assert gbs[0] == pytest.approx(44.3, abs=0.05) and gbs[-1] == pytest.approx(32.2, abs=0.05)  # the data as described
+    assert cal.fit_cache_ramp(lad) is None
+    # a ramp the ladder sees end (85-120 MB, _ladder) keeps four sizes past it
+    assert sum(r["bytes"] >= cal.fit_cache_ramp(_ladder())["ramp_bytes"][1] for r in _ladder()) >= 4
+    monkeypatch.setattr(cal, "KNEE_MIN_PAST", 1)  # without the tail rule: the ramp to the ladder's end
+    fit = cal.fit_cache_ramp(lad)
+    assert fit is not None and fit["ramp_bytes"][1] == pytest.approx(sizes[-1]) and 5e-12 < fit["stall_s_per_byte"] < 7e-12
+
+
 def test_calibrate_prices_every_decode_run_by_the_ladders_ramp(monkeypatch):
     """A profile of runs made by hand on the known machine of _ladder (2 threads): the ladder, and
     Q8_0 on toy-thin (24 layers, 97.6 MB), toy-wide (6, 131.7 MB) and toy-stream (15, 277.1 MB) at
