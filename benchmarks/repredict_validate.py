@@ -9,6 +9,11 @@ run it with an empty config dir there:
 
     XDG_CONFIG_HOME=$(mktemp -d) python benchmarks/repredict_validate.py validate.json --no-profile [--gguf F] [--no-nearest]
     XDG_CONFIG_HOME=<the calibrated profile's dir> python benchmarks/repredict_validate.py validate.json [--json out.json]
+
+``--refit``: the profile's llama.cpp runs fitted again by calibrate's code as it is now (a rule of
+the fit changed after calibrate ran; the profile on disk is left as it is). The Zen 5 cross scores
+of benchmarks/results/validate_local_zen5_uncapped.json: each calibration's profile with each
+validate run's JSON, ``--refit``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ def main() -> None:
     ap.add_argument("--n-prompt", type=int, default=128)
     ap.add_argument("--no-profile", action="store_true", help="predict without this machine's profile (the stored reference)")
     ap.add_argument("--json", help="also write the errors here")
+    ap.add_argument("--refit", action="store_true", help="fit the profile's llama.cpp runs again with the code as it is now")
     args = ap.parse_args()
+    if args.refit and not args.no_profile:
+        _use_refitted_profile()
 
     from inferlab.hardware.detect import detect_machine
     from inferlab.hardware.validate import _predict, toy_model
@@ -67,6 +75,22 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rates": cm.rates_label(m.ram), "profile": not args.no_profile, "rows": out_rows, "summary": summary}, f, indent=1)
+
+
+def _use_refitted_profile() -> None:
+    """Point XDG_CONFIG_HOME at a temporary copy of the profile whose reference is refitted."""
+    import os
+    import tempfile
+
+    from inferlab.hardware.calibrate import llama_cpp_reference
+    from inferlab.hardware.profile import load_profile, save_profile
+
+    profile = load_profile()
+    if not profile or not (profile.get("llama_cpp") or {}).get("runs"):
+        raise SystemExit("--refit: the profile holds no llama.cpp runs")
+    profile["llama_cpp"]["reference"] = llama_cpp_reference(profile)
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="inferlab-refit-")
+    save_profile(profile)
 
 
 if __name__ == "__main__":
