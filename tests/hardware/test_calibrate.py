@@ -636,6 +636,68 @@ def test_calibrate_prices_every_decode_run_by_the_ladders_ramp(monkeypatch):
     assert old["dram_stall_s_per_byte_by_threads"]["2"] == 0.0
 
 
+def test_calibrate_tells_the_cost_of_a_chunk_started_in_dram(monkeypatch):
+    """A known machine with no cache ramp seen (every toy but toy-mini past lscpu's 32 MiB L3, as the
+    Zen 5 guest's, 2026-12-07), 2 threads: 35 us a layer, Q6_K at 60 GB/s with its own stall of 22 ps
+    a byte, Q4_K at 50 GB/s on the shared stall of 6 ps, and 0.8 us for each chunk of rows a thread
+    starts in DRAM; toy-mini, -thin, -wide, -stream (and the ladder's toy-wide-2, -10, -24 for Q4_K)
+    of 210 (Q6_K) and 144 (Q4_K) bytes a 256 weights. By hand, toy-thin Q6_K: 75,371,520 bytes,
+    41,817,088 past the L3 (a share of 0.554813), 2324 chunks (plain path: test_cpu_model):
+    24 x 35e-6 + 75.37152e6 / 60e9 + 41.817088e6 x 22e-12 + 2324 x 0.554813 x 0.8e-6
+    = 0.84 + 1.256192 + 0.919976 + 1.031508 = 4.047676 ms. The reference gives the chunk's cost
+    back on 2 threads (none on 1: a thread alone takes its chunks one after another) and the rates
+    and stalls with it; without the term the fit prices toy-thin Q6_K fast by more than 5 %: a
+    quarter of its step is chunk starts, a third more a byte than toy-wide's (1580 chunks for 115 MB)."""
+    from inferlab.hardware import validate as v
+    from inferlab.perf.cpu_model import decode_chunks
+
+    monkeypatch.setattr(v, "physical_cores", lambda: 2)
+    monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
+    l3, o, c = 32 * 2**20, 35e-6, 0.8e-6
+    truth = {"Q6_K": (60e9, 22e-12, 210 / 256), "Q4_K": (50e9, 6e-12, 144 / 256)}
+    models = {"Q6_K": ("toy-mini", "toy-thin", "toy-wide", "toy-stream"),
+              "Q4_K": ("toy-thin", "toy-wide", "toy-stream", "toy-wide-2", "toy-wide-10", "toy-wide-24")}
+    def toy_bytes(name: str, ty: str) -> float:  # q, o: d x d; k, v: kv x d; gate, up, down: n_ff x d; the head
+        cfg = v.TOY_MODELS[name]
+        kv = cfg.n_head_kv * cfg.head_dim
+        return (cfg.n_layer * (2 * cfg.n_embd ** 2 + 2 * kv * cfg.n_embd + 3 * cfg.n_ff * cfg.n_embd) + cfg.n_vocab * cfg.n_embd) * truth[ty][2]
+
+    runs: dict = {}
+    seconds = {}
+    for ty, names in models.items():
+        rate, stall, _ = truth[ty]
+        for name in names:
+            cfg = v.TOY_MODELS[name]
+            b = toy_bytes(name, ty)
+            dram = max(0.0, b - l3)
+            chunks = decode_chunks([(ty, 0, rows) for rows in cfg.decode_matrix_rows()], 2, "avx2")
+            s = cfg.n_layer * o + b / rate + dram * stall + chunks * dram / b * c
+            seconds[(name, ty)] = s
+            runs.setdefault(name, {})[ty] = {"2": {"tg": cal.Measurement("x", "tok/s", (1 / s, 1 / s), extra={
+                "n_layer": cfg.n_layer, "bytes_by_type": {ty: b}}).to_json()}}
+            if name == "toy-wide" and ty == "Q6_K":  # a 1-thread run: no chunk starts, the same rate
+                runs[name][ty]["1"] = {"tg": cal.Measurement("x", "tok/s", (1 / (6 * 30e-6 + b / 30e9),) * 2, extra={
+                    "n_layer": 6, "bytes_by_type": {ty: b}}).to_json()}
+    assert seconds[("toy-thin", "Q6_K")] == pytest.approx(4.047676e-3, rel=1e-6)
+    profile = {"date": "2026-12-07T06:00:00+00:00", "host": {"cpu": "test CPU", "features": ["avx2"], "name": "box", "l3_bytes": l3},
+               "cpu": {}, "llama_cpp": {"runs": runs}}
+    ref = cal.llama_cpp_reference(profile)
+    assert ref["dram_ramp_bytes"] is None  # the ladder (35, 104, 224 MB and toy-wide's 70) is past the L3 throughout
+    assert ref["dram_chunk_s_by_threads"] == pytest.approx({"2": c}, rel=1e-6)
+    assert ref["overhead_s_per_layer_by_threads"]["2"] == pytest.approx(o, rel=1e-6)
+    assert ref["rates_bytes_per_s_by_threads"]["2"] == pytest.approx({"Q6_K": 60e9, "Q4_K": 50e9}, rel=1e-6)
+    assert ref["dram_stall_s_per_byte_by_threads"]["2"] == pytest.approx(6e-12, rel=1e-6)
+    assert ref["dram_stall_s_per_byte_by_type_by_threads"]["2"] == pytest.approx({"Q6_K": 22e-12}, rel=1e-6)
+    # the same runs without the term: toy-thin's chunk starts go onto the rates and stalls, and it comes out fast
+    collected = [{"model": name, "type": ty, "threads": 2, "n_layer": v.TOY_MODELS[name].n_layer, "bytes_by_type": {ty: toy_bytes(name, ty)},
+                  "dram_bytes": max(0.0, toy_bytes(name, ty) - l3), "s_per_token": s} for (name, ty), s in seconds.items()]
+    (without,) = cal.fit_decode(collected).values()
+    thin = next(r for r in collected if (r["model"], r["type"]) == ("toy-thin", "Q6_K"))
+    fitted = (24 * without["overhead_s_per_layer"] + thin["bytes_by_type"]["Q6_K"] / without["rate_bytes_per_s"]["Q6_K"]
+              + thin["dram_bytes"] * without["dram_stall_s_per_byte_by_type"].get("Q6_K", without["dram_stall_s_per_byte"]))
+    assert without["dram_chunk_s"] == 0.0 and seconds[("toy-thin", "Q6_K")] / fitted - 1 > 0.05
+
+
 def test_fit_decode_gives_a_type_its_own_dram_stall_where_its_runs_span_the_cache():
     """A known machine with a cache ramp of 61-111 MB (the Xeon guest's, 2026-12-06): 30 us a
     layer, Q4_K 40 GB/s with the shared stall of 25 ps a byte (the ladder's type: 24, 6 and 15

@@ -473,6 +473,54 @@ def test_which_types_llama_cpp_repacks_and_what_the_split_costs():
     assert split_bytes([("Q5_0", 1e6, 576)], 1, "avx512") == {"Q5_0": 1e6}  # one thread: nothing uneven
 
 
+def _toy_thin_matrices(ty: str, bytes_per_weight: float) -> list[tuple[str, float, int]]:
+    """toy-thin's decode matrices (512 wide, 24 layers, n_ff 1536, 4 KV heads of 64, 32000 tokens) as
+    (type, bytes, rows): per layer q, k, v, o, gate, up, down, then the output head."""
+    per_layer = ((512, 512), (256, 512), (256, 512), (512, 512), (1536, 512), (1536, 512), (512, 1536))
+    return [(ty, r * c * bytes_per_weight, r) for r, c in per_layer * 24] + [(ty, 32000 * 512 * bytes_per_weight, 32000)]
+
+
+@pytest.mark.parametrize("ty, simd, threads, chunks", [
+    # plain path, 2 threads: 512 rows -> 8 chunks of 64 (not fewer than 4 a thread); 256 -> 4, fewer:
+    # one a thread, 2; 1536 -> 24; the 32000-row head -> 500. A layer 8 + 2 + 2 + 8 + 24 + 24 + 8 = 76,
+    # x 24 = 1824, + 500 = 2324
+    ("Q6_K", "avx2", 2, 2324),
+    # 4 threads: 512 and 256 rows -> fewer than 16 chunks: one a thread, 4 each; a layer 4 x 5 + 24 x 2
+    # = 68, x 24 = 1632, + 500 = 2132
+    ("Q6_K", "avx2", 4, 2132),
+    # repacked (Q4_0 on x86): 4 chunks a thread of ceil(rows / 8) rows, 8 for every matrix here:
+    # 7 x 8 x 24 + 8 = 1352
+    ("Q4_0", "avx2", 2, 1352),
+    ("Q6_K", "avx2", 1, 0),  # one thread takes its chunks one after another: none counted
+])
+def test_the_chunks_a_decode_step_hands_its_threads_follow_llama_cpps_split(ty, simd, threads, chunks):
+    from inferlab.perf.cpu_model import decode_chunks
+
+    assert decode_chunks(_toy_thin_matrices(ty, 1.0), threads, simd) == chunks
+
+
+def test_a_chunk_started_in_dram_costs_what_calibrate_measured():
+    """A profile with no cache ramp (lscpu's L3, 32 MiB) and 0.8 us a chunk started in DRAM on 2
+    threads. toy-thin as Q6_K (210 bytes a 256 weights): 91,881,472 weights, 75,371,520 bytes;
+    41,817,088 of them past the L3, a share of 0.554813; 2324 chunks (the test above): 0.8e-6 x
+    0.554813 x 2324 = 1.031508 ms a token, added to the kernels' seconds. One thread, a step in the
+    cache, or a reference without the figure: none."""
+    from inferlab.perf.cpu_model import cpu_decode_compute_s, dram_chunk_s
+
+    dev = replace(HOST, source="test: chunk starts")
+    ref = dict(limits()["references"][0], id="chunks", date="2026-12-07", l3_bytes=32 * 2**20, dram_chunk_s_by_threads={"2": 0.8e-6})
+    attach_rates(dev, ref)
+    mats = _toy_thin_matrices("Q6_K", 210 / 256)
+    assert sum(b for _, b, _ in mats) == pytest.approx(75_371_520)
+    assert dram_chunk_s(dev, mats, 2) == pytest.approx(1.031508e-3, rel=1e-5)
+    assert dram_chunk_s(dev, mats, 1) == 0.0
+    assert dram_chunk_s(dev, [(t, b / 4, r) for t, b, r in mats], 2) == 0.0  # 18.8 MB: in the L3
+    bare = replace(HOST, source="test: no chunk figure")
+    attach_rates(bare, dict(ref, id="bare", dram_chunk_s_by_threads={}))
+    assert dram_chunk_s(bare, mats, 2) == 0.0
+    assert cpu_decode_compute_s(dev, mats, 2) == pytest.approx(cpu_decode_compute_s(bare, mats, 2) + 1.031508e-3, rel=1e-5)
+
+
 def test_dram_stall_counts_only_the_bytes_the_l3_cannot_hold_and_only_where_measured():
     from inferlab.perf.cpu_model import dram_stall_s
 

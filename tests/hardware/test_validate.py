@@ -11,6 +11,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -99,6 +100,28 @@ def test_llama_cpp_quantizes_and_runs_the_toy(tiny_f16, tmp_path):
     r = v.llama_bench(q4, 1, n_prompt=32, n_gen=8, repetitions=2)
     assert len(r.pp_tok_s) == 2 and len(r.tg_tok_s) == 2 and r.pp > 0 and r.tg > 0
     assert r.pp > r.tg  # one 32-token batch beats 8 single-token steps per token
+
+
+@pytest.mark.engine
+def test_a_repetition_shorter_than_min_repetition_s_runs_its_test_again(tiny_f16, monkeypatch):
+    """A test shorter than min_repetition_s runs again, whole, from an empty cache, within one
+    repetition: the tiny toy's tg4 lasts well under a millisecond, so at 0.1 s each of the two
+    repetitions (and the warm-up) runs it many times; at 0 each runs it once, as llama-bench."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    calls: list[int] = []
+    real = llama_cpp.llama_decode
+    monkeypatch.setattr(llama_cpp, "llama_decode", lambda ctx, batch: calls.append(1) or real(ctx, batch))
+    once = v.llama_bench(tiny_f16, 1, n_prompt=0, n_gen=4, repetitions=2, min_repetition_s=0)
+    assert len(calls) == 4 + 2 * 4 and len(once.tg_tok_s) == 2  # the warm-up's 4 steps, then 2 repetitions of 4
+    calls.clear()
+    t0 = time.perf_counter()
+    r = v.llama_bench(tiny_f16, 1, n_prompt=0, n_gen=4, repetitions=2, min_repetition_s=0.1)
+    assert time.perf_counter() - t0 >= 3 * 0.1  # the warm-up and each repetition lasted 0.1 s at least
+    assert len(calls) > 3 * 4 * 2 and len(calls) % 4 == 0  # more than two runs each, every run a whole tg4
+    assert len(r.tg_tok_s) == len(r.tg_cpu_tok_s) == 2 and r.tg > 0
+    for bad in (-0.1, 61, True, "0.1"):
+        with pytest.raises(InvalidValueError, match="min_repetition_s"):
+            v.llama_bench(tiny_f16, 1, n_prompt=0, n_gen=4, min_repetition_s=bad)
 
 
 def _smollm2_gguf() -> str:

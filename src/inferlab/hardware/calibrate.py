@@ -446,6 +446,11 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
     alike):
 
         seconds per token = n_layer x overhead + split_bytes_t / rate_t + dram_bytes x stall_t
+                            + dram_chunks x seconds a chunk start
+
+    dram_chunks: the chunks of rows the threads start in DRAM ("dram_chunks": cpu_model.decode_chunks
+    x the run's share of bytes from DRAM; none on one thread), fitted where a run has them and held
+    out where their cost comes out negative.
 
     split_bytes_t: the type's bytes weighted by how unevenly their rows split over the threads
     ("split_bytes_by_type", cpu_model.split_bytes; the plain bytes when a run lacks them).
@@ -466,13 +471,14 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
         return {k: b for k, b in by_type.items() if k != "F32" or set(by_type) <= {"F32"}}
 
     def feats(r: dict, types: list[str], dram: bool, own: tuple[str, ...] | list[str] = (),
-              none: tuple[str, ...] | list[str] = ()) -> list[float]:  # one row of the least squares, before / seconds
+              none: tuple[str, ...] | list[str] = (), chunk: bool = False) -> list[float]:  # one row of the least squares, before / seconds
         # an F32 toy's DRAM bytes take no stall (its rate is the bandwidth itself: cpu_model.cpu_decode_compute_s)
-        stalled = 0.0 if set(r["bytes_by_type"]) <= {"F32"} or r.get("type") in none else r.get("dram_bytes", 0.0)
+        f32 = set(r["bytes_by_type"]) <= {"F32"}
+        stalled = 0.0 if f32 or r.get("type") in none else r.get("dram_bytes", 0.0)
         # a pure-type run's DRAM bytes are its type's: on that type's own stall where it has one, else the shared one
         mine = r.get("type") if r.get("type") in own else None
         return [r["n_layer"]] + [weights(r).get(k, 0) for k in types] + ([0.0 if mine else stalled] if dram else []) \
-            + [stalled if k == mine else 0.0 for k in own]
+            + [stalled if k == mine else 0.0 for k in own] + ([0.0 if f32 else r.get("dram_chunks", 0.0)] if chunk else [])
 
     def own_stall_types(sel: list[dict], types: list[str]) -> list[str]:
         """Types whose runs tell their own DRAM stall from their rate: one of their runs holds its
@@ -501,11 +507,16 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
             types = sorted({k for r in sel for k in weights(r)})
             dram = len({round(total(r), -6) for r in sel if "dram_bytes" in r}) >= 3 and any(r.get("dram_bytes", 0) > 0 for r in sel)
             own, none = (own_stall_types(sel, types) if dram else []), []
+            # the chunks the threads start in DRAM (cpu_model.dram_chunk_s): on two threads or more
+            chunk = dram and any(r.get("dram_chunks", 0.0) > 0 for r in sel)
             while True:
-                rows = [([f / r["s_per_token"] for f in feats(r, types, dram, own, none)], 1.0) for r in sel]
+                rows = [([f / r["s_per_token"] for f in feats(r, types, dram, own, none, chunk)], 1.0) for r in sel]
                 x = least_squares(rows)
                 neg = [k for i, k in enumerate(own) if x[1 + len(types) + dram + i] < 0]
                 if not neg:
+                    if chunk and x[-1] < 0:  # no cost of a chunk start to be told apart: fit without it
+                        chunk = False
+                        continue
                     break
                 # held at 0, not put on the shared stall: a type whose runs past the cache ran no slower
                 # a byte than in it would pull the shared stall down with it (the Xeon guest's 1-thread
@@ -514,7 +525,7 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
                 # -23 %: test_a_types_own_stall_that_comes_out_negative_is_held_at_zero)
                 own, none = [k for k in own if k not in neg], none + neg
             if dram and x[1 + len(types)] < 0:  # no shared stall to be told apart: fit without any
-                dram, own, none = False, [], []
+                dram, own, none, chunk = False, [], [], False
                 rows = [([f / r["s_per_token"] for f in feats(r, types, dram)], 1.0) for r in sel]
                 x = least_squares(rows)
             if x[0] < 0:  # no per-layer cost can be told apart: fit the rates alone
@@ -559,6 +570,7 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
                   # a type's own stall that came out negative, or that the refit above left negative, is held at 0
                   "dram_stall_s_per_byte_by_type": {**{k: max(0.0, x[1 + len(types) + 1 + i]) for i, k in enumerate(own)},
                                                     **{k: 0.0 for k in none}} if dram else {},
+                  "dram_chunk_s": max(0.0, x[-1]) if chunk else 0.0,
                   "max_rel_residual": max(resid),
                   "residuals": [{"model": r.get("model"), "type": r.get("type"), "residual": f} for r, f in zip(sel, fitted)],
                   "left_out": [f"{r.get('model', '?')} {r.get('type', '?')}" for r in left_out]}
@@ -680,7 +692,7 @@ def llama_cpp_reference(profile: dict) -> dict:
     entry): per-core rates, parallel efficiency, overhead per layer, prefill shares of the fp32
     peak; with the runs, the fit's residuals and the profile's id and date."""
     from ..errors import InvalidValueError
-    from ..perf.cpu_model import dram_share, split_bytes
+    from ..perf.cpu_model import decode_chunks, dram_share, split_bytes
     from .validate import FAST_LEVEL, KNEE_MODELS, KNEE_TYPE, PROBE_MODEL, PROBE_TYPE, STREAM_MODEL, TOY_MODELS, physical_cores
 
     n = physical_cores()
@@ -735,6 +747,8 @@ def llama_cpp_reference(profile: dict) -> dict:
                                "s_per_token": 1 / rate, "tg_tok_s": rate}
                         if x.get("matrices"):
                             run["split_bytes_by_type"] = split_bytes([tuple(mx) for mx in x["matrices"]], int(t), simd)
+                        if model in TOY_MODELS and ty != "F32":  # a pure toy: its matrices' rows from its shape
+                            run["chunks"] = decode_chunks([(ty, 0, rows) for rows in TOY_MODELS[model].decode_matrix_rows()], int(t), simd)
                         (stream if bandwidth_run else runs).append(run)
                     if "pp" in m:
                         x = m["pp"]["extra"]
@@ -774,6 +788,8 @@ def llama_cpp_reference(profile: dict) -> dict:
             r["dram_bytes"] = dram_share(total, ramp["ramp_bytes"]) * total  # all of them once past the ramp
         elif l3:  # as calibrated before the ladder: an F32 toy's own weights not counted
             r["dram_bytes"] = max(0.0, sum(b for k, b in r["bytes_by_type"].items() if k != "F32") - l3)
+        if r.get("chunks") and r.get("dram_bytes") and total:
+            r["dram_chunks"] = r["chunks"] * min(1.0, r["dram_bytes"] / total)  # the chunks started in DRAM (cpu_model.dram_chunk_s)
     # the bandwidth llama.cpp's decode reaches, from the memory-bound toy (F32): its bytes over
     # (seconds per token less the per-layer cost); eta is that over the best read bandwidth this
     # profile measured. Not capped at 1: calibrate's numpy read (a max reduction, one slice per
@@ -823,6 +839,8 @@ def llama_cpp_reference(profile: dict) -> dict:
             "overhead_s_per_layer_by_threads": {str(t): f["overhead_s_per_layer"] for t, f in fits.items()},
             "max_rel_residual_by_threads": {str(t): f["max_rel_residual"] for t, f in fits.items()},
             "dram_stall_s_per_byte_by_threads": {str(t): f["dram_stall_s_per_byte"] for t, f in fits.items()}, "l3_bytes": l3,
+            # seconds a chunk of rows started in DRAM costs (cpu_model.dram_chunk_s), where the fit told it apart
+            "dram_chunk_s_by_threads": {str(t): f["dram_chunk_s"] for t, f in fits.items() if f["dram_chunk_s"]},
             # the types whose runs in and past the cache tell their own stall apart (toy-mini's and toy-stream's): legacy and
             # repacked kernels stall more per byte than the ladder's Q4_K (Xeon guest, 2026-12-06, 2 threads:
             # toy-stream Q4_0 +37 %, Q8_0 +14 % predicted fast on the one stall, Q4_K +0.6 %)

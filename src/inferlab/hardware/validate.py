@@ -58,6 +58,12 @@ class ToyConfig:
     def n_params(self) -> int:
         return self.spec.total_params()  # untied embeddings + output, as the writer writes them
 
+    def decode_matrix_rows(self) -> tuple[int, ...]:
+        """Rows of each matrix a decode step multiplies, as the writer lays the toy out: per layer
+        attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down; then the (untied) output head."""
+        kv = self.n_head_kv * self.head_dim
+        return (self.n_embd, kv, kv, self.n_embd, self.n_ff, self.n_ff, self.n_embd) * self.n_layer + (self.n_vocab,)
+
     @property
     def key(self) -> str:
         return hashlib.sha1(repr(self).encode()).hexdigest()[:10]
@@ -371,8 +377,17 @@ def _clear_memory(llama_cpp, ctx) -> None:
         llama_cpp.llama_kv_cache_clear(ctx)
 
 
+# the shortest repetition llama_bench times: shorter tests (a model in the cache, a short prompt) run
+# again within one repetition. toy-mini's tg64 (9 MB as Q4_0) lasts ~20 ms at 2 threads on a Zen 5
+# guest, and in a calibration there (2026-12-07 05:15 UTC) its repetitions' ratios to the probe
+# scattered 11 % (coefficient of variation, median over its 8 types) where toy-thin's and toy-wide's,
+# 100-400 ms a run, scattered 5 %
+MIN_REPETITION_S = 0.05
+
+
 def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int = 128, repetitions: int = 5,
-                seed: int = 0, probe: str | None = None, flash_attn: bool = True, state_probes: tuple[str, ...] = ()) -> BenchResult:
+                seed: int = 0, probe: str | None = None, flash_attn: bool = True, state_probes: tuple[str, ...] = (),
+                min_repetition_s: float = MIN_REPETITION_S) -> BenchResult:
     """pp``n_prompt`` and tg``n_gen`` as llama-bench measures them, through llama-cpp-python.
 
     pp: one batch of n_prompt random tokens into an empty cache; tg: n_gen decode steps of one
@@ -388,12 +403,17 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
     reference CPUs of data/cpu_limits.json were measured ("flash_attention": false).
     ``state_probes``: more GGUFs timed around every decode repetition as the probe is (decode only;
     validate's STATE_PROBES: where the cache this moment ends, ValidationRow.machine_states).
+    ``min_repetition_s``: a repetition (of the model or of a probe) runs its test again, each time
+    from an empty cache, until it has lasted this long, and its speed is all its tokens over all its
+    seconds (MIN_REPETITION_S; 0: one run each, as llama-bench).
     """
     for name, v in (("n_threads", n_threads), ("repetitions", repetitions)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InvalidValueError(f"{name} must be an integer >= 1, got {v!r}")
     if n_prompt < 0 or n_gen < 0 or n_prompt + n_gen == 0:
         raise InvalidValueError(f"n_prompt and n_gen must be >= 0 and not both 0, got {n_prompt}, {n_gen}")
+    if isinstance(min_repetition_s, bool) or not isinstance(min_repetition_s, (int, float)) or not 0 <= min_repetition_s <= 60:
+        raise InvalidValueError(f"min_repetition_s must be a number of seconds from 0 to 60, got {min_repetition_s!r}")
     llama_cpp = _llama_cpp()
     import random
 
@@ -420,16 +440,16 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
             if rc != 0:
                 raise NotSupportedError(f"llama_decode returned {rc} on {path}")
 
-        def pp_run() -> tuple[float, float]:  # the whole prompt as one batch into an empty cache
+        def pp_once() -> tuple[int, float, float]:  # the whole prompt as one batch into an empty cache
             _clear_memory(llama_cpp, ctx)
             toks = [rnd.randrange(n_vocab) for _ in range(n_prompt)]
             t0 = time.perf_counter()
             decode(toks)
             llama_cpp.llama_synchronize(ctx)
-            rate = n_prompt / (time.perf_counter() - t0)
-            return rate, rate
+            wall = time.perf_counter() - t0
+            return n_prompt, wall, wall
 
-        def tg_run(n: int = n_gen) -> tuple[float, float]:  # n single-token steps from an empty cache
+        def tg_once(n: int) -> tuple[int, float, float]:  # n single-token steps from an empty cache
             _clear_memory(llama_cpp, ctx)
             tok = rnd.randrange(n_vocab)
             c0, t0 = time.thread_time(), time.perf_counter()
@@ -438,7 +458,25 @@ def llama_bench(model_path: str, n_threads: int, n_prompt: int = 512, n_gen: int
                 tok = rnd.randrange(n_vocab)
             llama_cpp.llama_synchronize(ctx)
             t1, c1 = time.perf_counter(), time.thread_time()
-            return n / (t1 - t0), n / max(c1 - c0, 1e-9)
+            return n, t1 - t0, c1 - c0
+
+        def repetition(once) -> tuple[float, float]:
+            # (tokens per wall second, per CPU-second of this thread) over runs until min_repetition_s has
+            # passed: toy-mini's tg64 lasts 21 ms at 2 threads on the Zen 5 guest (2026-12-07), a
+            # spell of a few ms moves one such run by a tenth, and calibrate fits each type's in-cache
+            # rate on it
+            n = wall = cpu = 0.0
+            while True:
+                k, w, c = once()
+                n, wall, cpu = n + k, wall + w, cpu + c
+                if wall >= min_repetition_s:
+                    return n / wall, n / max(cpu, 1e-9)
+
+        def pp_run() -> tuple[float, float]:
+            return repetition(pp_once)
+
+        def tg_run(n: int = n_gen) -> tuple[float, float]:
+            return repetition(lambda: tg_once(n))
 
         return pp_run if what == "pp" else tg_run
 
@@ -579,7 +617,7 @@ class DecodeParts:
 def decode_parts(path: str, machine, n_threads: int) -> DecodeParts | None:
     """DecodeParts of one GGUF with ``machine``'s rates; None where the rates hold no cache ramp."""
     from ..models.gguf_reader import model_from_gguf
-    from ..perf.cpu_model import decode_matrices, dram_stall_s, dram_stall_s_per_byte, reference_for, stalled_bytes_by_type
+    from ..perf.cpu_model import decode_matrices, dram_chunk_s_per_byte, dram_stall_s, dram_stall_s_per_byte, reference_for, stalled_bytes_by_type
 
     ramp = reference_for(machine.ram).get("dram_ramp_bytes")
     mats = decode_matrices(_tensors(model_from_gguf(path)))
@@ -590,8 +628,11 @@ def decode_parts(path: str, machine, n_threads: int) -> DecodeParts | None:
     _, _, limits, _ = _predict(path, machine, n_threads, 0)
     total = float(sum(b for _, b, _ in mats))
     stall_s = dram_stall_s(machine.ram, total, n_threads, stalled_by_type=by_type)
-    return DecodeParts(limits.compute_s - stall_s, limits.overhead_s, limits.memory_s, per_byte, float(sum(by_type.values())), total,
-                       (float(ramp[0]), float(ramp[1])))
+    # the chunks started in DRAM (cpu_model.dram_chunk_s) go with the DRAM bytes' share too: a stall per stalled byte
+    chunk_per_byte = dram_chunk_s_per_byte(machine.ram, mats, n_threads)
+    chunk_s = stall_s / per_byte * chunk_per_byte  # the step's DRAM bytes x that per byte
+    return DecodeParts(limits.compute_s - stall_s - chunk_s, limits.overhead_s, limits.memory_s, per_byte + chunk_per_byte,
+                       float(sum(by_type.values())), total, (float(ramp[0]), float(ramp[1])))
 
 
 # The machine's state as validate runs, beside the level probe (toy-wide, 6 layers, 70 MB as Q4_K):

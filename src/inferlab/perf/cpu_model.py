@@ -277,16 +277,13 @@ def cpu_decode_rate_for_mix(device: Device, bytes_by_type: Mapping[str, float], 
     return total / t
 
 
-def busiest_thread_rows(n_rows: int, n_threads: int, repacked: bool) -> int:
-    """Rows of one decode matmul (one token) that the busiest of ``n_threads`` threads computes,
-    the way llama.cpp's CPU backend splits them (data/cpu_limits.json "matmul_split"): the plain
-    path hands out chunks of 64 rows, or one chunk per thread when there would be fewer than 4 a
-    thread; the repacked path (CPU_REPACK buffers) 4 chunks a thread, at least 8 rows each. Every
-    thread computes as fast as the others, so the busiest gets ceil(chunks / threads) chunks."""
+def _row_chunks(n_rows: int, n_threads: int, repacked: bool) -> tuple[int, int]:
+    """(chunks, rows a chunk) of one decode matmul of ``n_rows`` rows over ``n_threads`` threads, the
+    way llama.cpp's CPU backend splits them (data/cpu_limits.json "matmul_split"): the plain path
+    hands out chunks of 64 rows, or one chunk per thread when there would be fewer than 4 a thread;
+    the repacked path (CPU_REPACK buffers) 4 chunks a thread, at least 8 rows each."""
     s = limits()["matmul_split"]
     nth, nr0 = n_threads, n_rows
-    if nth <= 1 or nr0 <= 0:
-        return nr0
     if repacked:
         min_rows = s["repack_rows_multiple"]
         dr0 = -(-nr0 // (nth * s["chunks_per_thread_min"]))  # chunk_size0 = ceil(nr0 / (4 nth))
@@ -302,8 +299,28 @@ def busiest_thread_rows(n_rows: int, n_threads: int, repacked: bool) -> int:
         if nchunk < nth * s["chunks_per_thread_min"]:
             nchunk = nth  # re-chunked by thread
         dr0 = -(-nr0 // nchunk)
-    per_thread = -(-nchunk // nth)  # chunks of the busiest thread
-    return min(nr0, per_thread * dr0)
+    return nchunk, dr0
+
+
+def busiest_thread_rows(n_rows: int, n_threads: int, repacked: bool) -> int:
+    """Rows of one decode matmul (one token) that the busiest of ``n_threads`` threads computes
+    (the chunks of _row_chunks). Every thread computes as fast as the others, so the busiest gets
+    ceil(chunks / threads) chunks."""
+    if n_threads <= 1 or n_rows <= 0:
+        return n_rows
+    nchunk, dr0 = _row_chunks(n_rows, n_threads, repacked)
+    per_thread = -(-nchunk // n_threads)  # chunks of the busiest thread
+    return min(n_rows, per_thread * dr0)
+
+
+def decode_chunks(matrices: Iterable[tuple[str, float, int]], n_threads: int, simd: str) -> int:
+    """Chunks of rows the threads take in one decode step's matmuls (_row_chunks), over the
+    ``matrices`` ((ggml type, bytes, rows); F32 and rows 0 left out); 0 on one thread. Two or more
+    threads take a matmul's chunks from one counter, so a thread's next chunk is not where its last
+    one ended (dram_chunk_s)."""
+    if n_threads <= 1:
+        return 0
+    return sum(_row_chunks(rows, n_threads, is_repacked(simd, ty, rows))[0] for ty, _, rows in matrices if rows > 0 and ty != "F32")
 
 
 def is_repacked(simd: str, ggml_type: str, n_rows: int) -> bool:
@@ -397,6 +414,33 @@ def dram_stall_s(device: Device, total_bytes: float, n_threads: int | None = Non
     if stalled_by_type is not None:  # {}: none of the step's bytes stall (an F32 file)
         stalled_bytes = sum(stalled_by_type.values())
     return dram_bytes(reference_for(device), total_bytes, stalled_bytes) * per_byte  # DRAM bytes x stall per byte
+
+
+def dram_chunk_s_per_byte(device: Device, matrices: list[tuple[str, int, int]], n_threads: int | None = None) -> float:
+    """The seconds of the chunks a decode step's threads start in DRAM, spread over its stalled
+    bytes (all from DRAM): the rates' seconds a chunk start (dram_chunk_s_by_threads, fitted by
+    calibrate on two threads or more; 0 otherwise) x the step's chunks (decode_chunks) / its bytes.
+    Each thread streams its chunk's rows, then takes the next chunk from a shared counter, away from
+    where it was: the hardware prefetcher starts its stream again. A Zen 5 guest (2 threads,
+    2026-12-07) fitted 0.70-0.88 us a chunk in five calibrations: thin toys (toy-thin: 2324 chunks a
+    step over 52 MB as Q4_0) had run 10-18 % slower than the fit without it, on one thread not."""
+    used = _threads_used(device, n_threads)
+    per_chunk = (reference_for(device).get("dram_chunk_s_by_threads") or {}).get(str(used), 0.0)
+    stalled = sum(stalled_bytes_by_type(matrices).values())
+    if not per_chunk or used <= 1 or not stalled:
+        return 0.0
+    return per_chunk * decode_chunks(matrices, used, _simd_of(device)) / stalled
+
+
+def dram_chunk_s(device: Device, matrices: list[tuple[str, int, int]], n_threads: int | None = None) -> float:
+    """Seconds a decode step loses to the chunks its threads start in DRAM: the step's bytes that
+    come from DRAM (dram_bytes) x dram_chunk_s_per_byte, so the chunks' share that the cache holds
+    costs nothing."""
+    per_byte = dram_chunk_s_per_byte(device, matrices, n_threads)
+    if not per_byte:
+        return 0.0
+    stalled = sum(stalled_bytes_by_type(matrices).values())
+    return per_byte * min(stalled, dram_bytes(reference_for(device), sum(b for _, b, _ in matrices), stalled))
 
 
 def decode_overhead_s_per_layer(device: Device) -> float:
@@ -499,11 +543,12 @@ def decode_matrices(tensors) -> list[tuple[str, int, int]]:
 def cpu_decode_compute_s(device: Device, matrices: list[tuple[str, int, int]], n_threads: int | None = None) -> float:
     """Seconds the CPU's dequantize+dot kernels take for one decode step over ``matrices`` (see
     decode_matrices), the memory limit aside: each type's bytes, weighted by how unevenly their rows
-    split over the threads, at its kernel's rate; plus the DRAM stall of the bytes past the L3
-    (where the rates measured one)."""
+    split over the threads, at its kernel's rate; plus the DRAM stall of the bytes past the L3 and
+    of the chunks the threads start in DRAM (where the rates measured them)."""
     split = split_bytes_by_type(device, matrices, n_threads)  # bytes x busiest-thread share
     kernels_s = sum(b / cpu_decode_rate_bytes_per_s(device, ty, n_threads) for ty, b in split.items() if b)
-    return kernels_s + dram_stall_s(device, sum(b for _, b, _ in matrices), n_threads, stalled_by_type=stalled_bytes_by_type(matrices))
+    return (kernels_s + dram_stall_s(device, sum(b for _, b, _ in matrices), n_threads, stalled_by_type=stalled_bytes_by_type(matrices))
+            + dram_chunk_s(device, matrices, n_threads))
 
 
 @lru_cache(maxsize=4096)

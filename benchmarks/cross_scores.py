@@ -1,0 +1,90 @@
+"""Each calibration's profile, refit by the code as it is now, scored on each validate run's rows
+("vs probe": the row's measured speed relative to the level probe around its repetitions, carried to
+the probe's calibrated level; benchmarks/repredict_validate.py does one pair): a calibration's rates
+are held out from every run (the rows are toys of other shapes and SmolLM2, none in the fit), and a
+run scored with every calibration shows which misses follow the run and which the calibration.
+
+    python benchmarks/cross_scores.py CALIBRATIONS.json RUNS.json [--gguf SmolLM2.gguf] [--json out.json]
+
+CALIBRATIONS.json: {name: a machine profile (at least its host, cpu and llama_cpp.runs)}; RUNS.json:
+{name: [rows of `inferlab validate --json`, with tg/pp_predicted and tg/pp_matched_error]}.
+``--without-chunks``: the fit and the prediction without the cost of the chunks the threads start in
+DRAM (cpu_model.dram_chunk_s), as before 2026-12-07. Run it on the machine the profiles were measured
+on: the prediction takes this machine's detected CPU, with each profile's rates attached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("calibrations")
+    ap.add_argument("runs")
+    ap.add_argument("--gguf", help="the real GGUF the runs were given with --gguf (its rows are named by its file name)")
+    ap.add_argument("--n-prompt", type=int, default=128)
+    ap.add_argument("--without-chunks", action="store_true", help="no chunk-start term in the fit or the prediction")
+    ap.add_argument("--json", help="also write the matrix here")
+    args = ap.parse_args()
+
+    import inferlab.hardware.calibrate as cal
+    from inferlab.hardware.detect import detect_machine
+    from inferlab.hardware.profile import save_profile
+    from inferlab.hardware.validate import _predict, toy_model
+
+    if args.without_chunks:
+        cal_chunks = cal.llama_cpp_reference
+
+        def reference(profile: dict) -> dict:  # the runs carry no chunk counts: the fit has no such column
+            import inferlab.perf.cpu_model as cm
+
+            real, cm.decode_chunks = cm.decode_chunks, lambda *a, **k: 0
+            try:
+                return cal_chunks(profile)
+            finally:
+                cm.decode_chunks = real
+        cal.llama_cpp_reference = reference
+    cals, runs = json.load(open(args.calibrations)), json.load(open(args.runs))
+    matrix: dict = {}
+    errors: dict = {"tg": [], "pp": []}
+    for cname, profile in cals.items():
+        profile = dict(profile, llama_cpp=dict(profile["llama_cpp"]))
+        profile["llama_cpp"]["reference"] = cal.llama_cpp_reference(profile)
+        os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="inferlab-cross-")
+        save_profile(profile)
+        machine = detect_machine(profile=True)
+        line = f"{cname:6s}"
+        for rname, rows in runs.items():
+            cell = {"tg": [], "pp": []}
+            for r in rows:
+                path = (args.gguf if r["model"].endswith(".gguf") else toy_model(r["model"], r["preset"]))
+                if path is None:
+                    continue
+                _, _, limits, pp = _predict(path, machine, r["threads"], args.n_prompt)
+                for metric, pred in (("tg", limits.tok_s), ("pp", pp)):
+                    me, pr = r.get(f"{metric}_matched_error"), r.get(f"{metric}_predicted")
+                    if me is None or pr is None or pred is None:
+                        continue
+                    e = pred / (pr / (1 + me)) - 1  # the row's vs-probe speed is predicted / (1 + matched error)
+                    cell[metric].append({"model": r["model"], "preset": r["preset"], "error": e})
+                    errors[metric].append(e)
+            matrix.setdefault(cname, {})[rname] = {m: {"within_15pct": sum(abs(x["error"]) <= 0.15 for x in v), "n": len(v),
+                                                       "misses": [f"{x['model']} {x['preset']} {100 * x['error']:+.1f} %" for x in v
+                                                                  if abs(x["error"]) > 0.15]} for m, v in cell.items()}
+            line += f" | {rname} {matrix[cname][rname]['tg']['within_15pct']}/{matrix[cname][rname]['pp']['within_15pct']}"
+        print(line + "   (decode/prefill rows within 15 %)")
+    total = {m: {"within_15pct": sum(abs(e) <= 0.15 for e in v), "n": len(v), "median_abs_pct": round(100 * statistics.median(abs(e) for e in v), 1)}
+             for m, v in errors.items() if v}
+    print("all:", total)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"without_chunks": args.without_chunks, "matrix": matrix, "total": total}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
