@@ -647,7 +647,7 @@ def test_calibrate_tells_the_cost_of_a_chunk_started_in_dram(monkeypatch):
     = 0.84 + 1.256192 + 0.919976 + 1.031508 = 4.047676 ms. The reference gives the chunk's cost
     back on 2 threads (none on 1: a thread alone takes its chunks one after another) and the rates
     and stalls with it; without the term the fit prices toy-thin Q6_K fast by more than 5 %: a
-    quarter of its step is chunk starts, a third more a byte than toy-wide's (1580 chunks for 115 MB)."""
+    quarter of its step is chunk starts, twice as many a byte as toy-wide's (1580 chunks for 102 MB)."""
     from inferlab.hardware import validate as v
     from inferlab.perf.cpu_model import decode_chunks
 
