@@ -153,6 +153,10 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
                 for t, own in (ref.get("dram_stall_s_per_byte_by_type_by_threads") or {}).items():
                     con.print(f"  a stall of their own ({t} thread(s), runs in and past the cache): "
                               + ", ".join(f"{ty} {v * 1e12:.1f}" for ty, v in sorted(own.items())) + " ps/byte")
+            chunk = {t: v for t, v in (ref.get("dram_chunk_s_by_threads") or {}).items() if v}
+            if chunk:
+                con.print("a chunk of rows a thread starts in DRAM (its next chunk not where the last ended): "
+                          + ", ".join(f"{t} thread(s) {v * 1e6:.2f} us" for t, v in chunk.items()))
             if not ramp and len(ladder) >= 4:
                 con.print(f"[yellow]no step up on the cache ladder ({ladder[0] / 1e6:.0f}-{ladder[-1] / 1e6:.0f} MB): decode of "
                           f"models past {ladder[-1] / 1e6:.0f} MB is not verified on this machine[/]")

@@ -422,7 +422,7 @@ def dram_chunk_s_per_byte(device: Device, matrices: list[tuple[str, int, int]], 
     calibrate on two threads or more; 0 otherwise) x the step's chunks (decode_chunks) / its bytes.
     Each thread streams its chunk's rows, then takes the next chunk from a shared counter, away from
     where it was: the hardware prefetcher starts its stream again. A Zen 5 guest (2 threads,
-    2026-12-07) fitted 0.58-0.88 us a chunk in six calibrations: the thin toy (toy-thin: 2324 chunks
+    2026-12-07) fitted 0.58-0.97 us a chunk in seven calibrations: the thin toy (toy-thin: 2324 chunks
     a step over 75 MB as Q6_K) had run 10-18 % slower than the fit without it, on one thread not."""
     used = _threads_used(device, n_threads)
     per_chunk = (reference_for(device).get("dram_chunk_s_by_threads") or {}).get(str(used), 0.0)
