@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import tempfile
 
 
 def main() -> None:
@@ -33,57 +31,59 @@ def main() -> None:
     args = ap.parse_args()
 
     import inferlab.hardware.calibrate as cal
-    from inferlab.hardware.detect import detect_machine
-    from inferlab.hardware.profile import save_profile
     from inferlab.hardware.validate import _predict, toy_model
+    from repredict_validate import refitted_machine, vs_probe_error
 
     if args.without_chunks:
-        cal_chunks = cal.llama_cpp_reference
+        fit = cal.llama_cpp_reference
 
         def reference(profile: dict) -> dict:  # the runs carry no chunk counts: the fit has no such column
             import inferlab.perf.cpu_model as cm
 
             real, cm.decode_chunks = cm.decode_chunks, lambda *a, **k: 0
             try:
-                return cal_chunks(profile)
+                return fit(profile)
             finally:
                 cm.decode_chunks = real
         cal.llama_cpp_reference = reference
     cals, runs = json.load(open(args.calibrations)), json.load(open(args.runs))
     matrix: dict = {}
+    fits: dict = {}
     errors: dict = {"tg": [], "pp": []}
     for cname, profile in cals.items():
-        profile = dict(profile, llama_cpp=dict(profile["llama_cpp"]))
-        profile["llama_cpp"]["reference"] = cal.llama_cpp_reference(profile)
-        os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="inferlab-cross-")
-        save_profile(profile)
-        machine = detect_machine(profile=True)
+        machine, ref = refitted_machine(profile)
+        # the decode fit's residuals (fitted / measured seconds - 1; below 0: the toy ran slower than the fit):
+        # the largest by thread count, and the thin toy's on 2 threads by type
+        thin = {m["type"]: m["fit_residual"] for m in ref["measurements"] if (m["model"], m["threads"]) == ("toy-thin", 2) and "fit_residual" in m}
+        fits[cname] = {"max_rel_residual_by_threads": ref["max_rel_residual_by_threads"], "toy_thin_2_threads": thin,
+                       "dram_chunk_s_by_threads": ref.get("dram_chunk_s_by_threads") or {}}
         line = f"{cname:6s}"
         for rname, rows in runs.items():
-            cell = {"tg": [], "pp": []}
+            cell: dict = {"tg": [], "pp": []}
             for r in rows:
-                path = (args.gguf if r["model"].endswith(".gguf") else toy_model(r["model"], r["preset"]))
+                path = args.gguf if r["model"].endswith(".gguf") else toy_model(r["model"], r["preset"])
                 if path is None:
                     continue
                 _, _, limits, pp = _predict(path, machine, r["threads"], args.n_prompt)
                 for metric, pred in (("tg", limits.tok_s), ("pp", pp)):
-                    me, pr = r.get(f"{metric}_matched_error"), r.get(f"{metric}_predicted")
-                    if me is None or pr is None or pred is None:
-                        continue
-                    e = pred / (pr / (1 + me)) - 1  # the row's vs-probe speed is predicted / (1 + matched error)
-                    cell[metric].append({"model": r["model"], "preset": r["preset"], "error": e})
-                    errors[metric].append(e)
+                    e = vs_probe_error(r, metric, pred)
+                    if e is not None:
+                        cell[metric].append({"model": r["model"], "preset": r["preset"], "error": e})
+                        errors[metric].append(e)
             matrix.setdefault(cname, {})[rname] = {m: {"within_15pct": sum(abs(x["error"]) <= 0.15 for x in v), "n": len(v),
                                                        "misses": [f"{x['model']} {x['preset']} {100 * x['error']:+.1f} %" for x in v
                                                                   if abs(x["error"]) > 0.15]} for m, v in cell.items()}
             line += f" | {rname} {matrix[cname][rname]['tg']['within_15pct']}/{matrix[cname][rname]['pp']['within_15pct']}"
         print(line + "   (decode/prefill rows within 15 %)")
+        print("       fit: largest residual " + ", ".join(f"{t} thread(s) {v:.1%}" for t, v in ref["max_rel_residual_by_threads"].items())
+              + "; toy-thin on 2 threads " + (f"{min(thin.values()):+.1%} ... {max(thin.values()):+.1%}" if thin else "-")
+              + "; chunk start " + (", ".join(f"{t} thread(s) {v * 1e6:.2f} us" for t, v in fits[cname]["dram_chunk_s_by_threads"].items()) or "none"))
     total = {m: {"within_15pct": sum(abs(e) <= 0.15 for e in v), "n": len(v), "median_abs_pct": round(100 * statistics.median(abs(e) for e in v), 1)}
              for m, v in errors.items() if v}
     print("all:", total)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"without_chunks": args.without_chunks, "matrix": matrix, "total": total}, f, indent=1)
+            json.dump({"without_chunks": args.without_chunks, "fits": fits, "matrix": matrix, "total": total}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import statistics
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("rows", help="the JSON that `inferlab validate --json` printed")
     ap.add_argument("--gguf", help="the real GGUF the run was given with --gguf (its rows are named by its file name)")
     ap.add_argument("--no-nearest", action="store_true", help="AMX/AVX-512 CPUs without their own reference take the first entry")
@@ -58,10 +58,10 @@ def main() -> None:
             path = toy_model(r["model"], r["preset"])
         _, _, limits, pp = _predict(path, m, r["threads"], args.n_prompt)
         for metric, pred in (("tg", limits.tok_s), ("pp", pp)):
-            me, pr = r.get(f"{metric}_matched_error"), r.get(f"{metric}_predicted")
-            if me is None or pr is None or pred is None:
+            e = vs_probe_error(r, metric, pred)
+            if e is None:
                 continue
-            e = pred / (pr / (1 + me)) - 1  # the row's vs-probe speed: predicted / (1 + matched error)
+            me, pr = r[f"{metric}_matched_error"], r[f"{metric}_predicted"]
             errs[metric].append(e)
             out_rows.append({"model": r["model"], "preset": r["preset"], "metric": metric, "error_now": e, "error_at_run": me,
                              "predicted_now": pred, "predicted_at_run": pr})
@@ -77,20 +77,38 @@ def main() -> None:
             json.dump({"rates": cm.rates_label(m.ram), "profile": not args.no_profile, "rows": out_rows, "summary": summary}, f, indent=1)
 
 
-def _use_refitted_profile() -> None:
-    """Point XDG_CONFIG_HOME at a temporary copy of the profile whose reference is refitted."""
+def vs_probe_error(row: dict, metric: str, pred: float | None) -> float | None:
+    """``pred`` against a validate row's vs-probe speed (its prediction at the run / (1 + its matched
+    error)), less 1; None where the row or the prediction has no such figure."""
+    me, pr = row.get(f"{metric}_matched_error"), row.get(f"{metric}_predicted")
+    return None if me is None or pr is None or pred is None else pred / (pr / (1 + me)) - 1
+
+
+def refitted_machine(profile: dict):
+    """This machine as detect sees it with ``profile``'s llama.cpp runs fitted by the code as it is
+    now (a temporary XDG_CONFIG_HOME holds that profile; the one on disk is left as it is)."""
     import os
     import tempfile
 
     from inferlab.hardware.calibrate import llama_cpp_reference
-    from inferlab.hardware.profile import load_profile, save_profile
+    from inferlab.hardware.detect import detect_machine
+    from inferlab.hardware.profile import save_profile
+
+    profile = dict(profile, llama_cpp=dict(profile["llama_cpp"]))
+    profile["llama_cpp"]["reference"] = llama_cpp_reference(profile)
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="inferlab-refit-")
+    save_profile(profile)
+    return detect_machine(profile=True), profile["llama_cpp"]["reference"]
+
+
+def _use_refitted_profile() -> None:
+    """Point XDG_CONFIG_HOME at a temporary copy of the profile whose reference is refitted."""
+    from inferlab.hardware.profile import load_profile
 
     profile = load_profile()
     if not profile or not (profile.get("llama_cpp") or {}).get("runs"):
         raise SystemExit("--refit: the profile holds no llama.cpp runs")
-    profile["llama_cpp"]["reference"] = llama_cpp_reference(profile)
-    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="inferlab-refit-")
-    save_profile(profile)
+    refitted_machine(profile)
 
 
 if __name__ == "__main__":

@@ -423,13 +423,14 @@ def dram_chunk_s_per_byte(device: Device, matrices: list[tuple[str, int, int]], 
     Each thread streams its chunk's rows, then takes the next chunk from a shared counter, away from
     where it was: the hardware prefetcher starts its stream again. A Zen 5 guest (2 threads,
     2026-12-07) fitted 0.58-0.97 us a chunk in seven calibrations: the thin toy (toy-thin: 2324 chunks
-    a step over 75 MB as Q6_K) had run 10-18 % slower than the fit without it, on one thread not."""
+    a step over 75 MB as Q6_K) had run up to 16-24 % slower than the fit without it, on one thread
+    not (benchmarks/cross_scores.py prints both fits)."""
     used = _threads_used(device, n_threads)
     per_chunk = (reference_for(device).get("dram_chunk_s_by_threads") or {}).get(str(used), 0.0)
+    if not per_chunk or used <= 1:
+        return 0.0  # a stored reference, one thread: no matrix to walk
     stalled = sum(stalled_bytes_by_type(matrices).values())
-    if not per_chunk or used <= 1 or not stalled:
-        return 0.0
-    return per_chunk * decode_chunks(matrices, used, _simd_of(device)) / stalled
+    return per_chunk * decode_chunks(matrices, used, _simd_of(device)) / stalled if stalled else 0.0
 
 
 def dram_chunk_s(device: Device, matrices: list[tuple[str, int, int]], n_threads: int | None = None) -> float:
