@@ -165,12 +165,48 @@ def test_llama_cpp_reference_from_a_profile(monkeypatch):
     1 / pp = F / (share x 0.4e12) + n_layer x n_embd x 20 ns; Q4_0 share 0.9, Q8_0 0.6 (toy-125m:
     n_embd 768, 12 layers, 184 us of rest a token; toy-thin: 512, 24 layers, 246 us: a cost per
     layer and token alone cannot fit both, so the shares come out right only with n_embd in)."""
+    profile = _hand_profile(monkeypatch)
+    runs = profile["llama_cpp"]["runs"]
+    ref = cal.llama_cpp_reference(profile)
+    assert ref["overhead_s_per_layer_by_threads"] == pytest.approx({"1": 50e-6, "2": 80e-6})
+    assert ref["per_core_bytes_per_s"] == pytest.approx({"Q4_0": 25e9, "Q8_0": 20e9})
+    assert ref["parallel_efficiency"] == pytest.approx({"Q4_0": 0.8, "Q8_0": 1.25})
+    assert ref["decode_bw_eff"] == pytest.approx(60 / 42) and ref["decode_bw_achieved_gbs"] == pytest.approx(60.0)
+    assert ref["left_out_memory_bound_by_threads"] == {}
+    assert ref["prefill_eff_vs_fp32_peak_by_type"] == pytest.approx({"Q4_0": 0.9, "Q8_0": 0.6}, abs=1e-3)
+    assert ref["prefill_overhead_s_per_layer_token_channel"] == pytest.approx(20e-9)
+    # each prefill figure with its fit residual (fitted over measured seconds a token, less 1): none here,
+    # the runs being the model's own. toy-thin Q4_0 timed 20 % slower (1.25 x its seconds): one degree of
+    # freedom is left over the four figures (three unknowns), so the fit spreads the miss over all four;
+    # toy-thin Q4_0's is below 0 (slower than fitted), and each residual is the fit's own figure again:
+    # n_layer x n_embd x the rest + FLOPs / (share x the 2 threads' peak 0.4 TFLOP/s), over the measured
+    assert sorted((r["model"], r["type"]) for r in ref["prefill_measurements"]) == sorted(
+        (mo, ty) for mo in ("toy-125m", "toy-thin") for ty in ("Q4_0", "Q8_0"))
+    assert all(abs(r["fit_residual"]) < 1e-3 for r in ref["prefill_measurements"])
+    fig = runs["toy-thin"]["Q4_0"]["2"]["pp"]
+    fig["samples"] = [0.8 * s for s in fig["samples"]]
+    fig["best"] = fig["median"] = fig["samples"][0]  # without a probe a figure is its fastest repetition
+    slow = cal.llama_cpp_reference(profile)
+    got = {(r["model"], r["type"]): r for r in slow["prefill_measurements"]}
+    assert got[("toy-thin", "Q4_0")]["fit_residual"] < -0.03 and got[("toy-thin", "Q4_0")]["pp_tok_s"] == pytest.approx(fig["best"])
+    for (mo, ty), r in got.items():
+        nl, d, flops = (12, 768, 2 * 85e6) if mo == "toy-125m" else (24, 512, 2 * 85e6 * 0.8)
+        fitted = nl * d * slow["prefill_overhead_s_per_layer_token_channel"] + flops / (slow["prefill_eff_vs_fp32_peak_by_type"][ty] * 0.4e12)
+        assert r["fit_residual"] == pytest.approx(fitted * r["pp_tok_s"] - 1, abs=1e-9)
+    assert ref["id"] == "box@20261201T1400Z" and "box@20261201T1400Z" in ref["provenance"] and ref["date"] in ref["provenance"]
+
+
+def _hand_profile(monkeypatch, probe: float | None = None) -> dict:
+    """test_llama_cpp_reference_from_a_profile's runs; ``probe``: every repetition beside a level probe
+    at that speed."""
     from inferlab.hardware import validate as v
 
     monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
     monkeypatch.setattr(v, "physical_cores", lambda: 2)
 
     def m(rate, **extra):
+        if probe:
+            extra["probe"] = [probe, probe]
         return cal.Measurement("x", "tok/s", (rate, rate), extra=extra).to_json()
 
     runs: dict = {}
@@ -183,17 +219,34 @@ def test_llama_cpp_reference_from_a_profile(monkeypatch):
                 "2": {"tg": m(1 / (nl * 80e-6 + b * scale / r2), n_layer=nl, bytes_by_type=bytes_),
                       "pp": m(1 / (flops / (share * 0.4e12) + nl * d * 20e-9), n_layer=nl, prefill_flops_per_token=flops)}}
     runs["toy-stream"] = {"F32": {"2": {"tg": m(1 / (15 * 80e-6 + 280e6 / 60e9), n_layer=15, bytes_by_type={"F32": 280e6})}}}
-    profile = {"date": "2026-12-01T14:00:00+00:00", "host": {"cpu": "test CPU", "features": ["avx2"], "name": "box"},
-               "cpu": {"read_bandwidth_gbs": {"2": {"best": 42.0, "median": 40.0}}}, "llama_cpp": {"runs": runs}}
+    return {"date": "2026-12-01T14:00:00+00:00", "host": {"cpu": "test CPU", "features": ["avx2"], "name": "box"},
+            "cpu": {"read_bandwidth_gbs": {"2": {"best": 42.0, "median": 40.0}}}, "llama_cpp": {"runs": runs}}
+
+
+def test_a_figure_with_one_repetition_at_level_is_carried_by_the_probe_and_timed_again(monkeypatch):
+    """The hand profile, every repetition beside a probe at 1000 tok/s; toy-thin Q4_0's prefill
+    timed as 0.8 x its speed three times beside a probe at 800 and 1.1 x it once beside 1000. The
+    probe's level: its fastest run 1000, the median of its runs >= 900: 1000. The figure has one
+    repetition at level (>= 900), under LEVEL_MIN_REPETITIONS (2), so it stands on its ratio to the
+    probe over all four, at the level: the median of (1, 1, 1, 1.1) x speed / 1000, x 1000 = its
+    speed (never past its fastest, 1.1 x it), and Q4_0's share comes back as 0.9; on that one
+    repetition alone it would be 1.1 x the speed. It is timed again after the plan (slow_figures);
+    the others, two repetitions at level each, are not."""
+    profile = _hand_profile(monkeypatch, probe=1000.0)
+    fig = profile["llama_cpp"]["runs"]["toy-thin"]["Q4_0"]["2"]["pp"]
+    speed = fig["samples"][0]
+    fig["samples"] = [0.8 * speed, 0.8 * speed, 0.8 * speed, 1.1 * speed]
+    fig["extra"]["probe"] = [800.0, 800.0, 800.0, 1000.0]
     ref = cal.llama_cpp_reference(profile)
-    assert ref["overhead_s_per_layer_by_threads"] == pytest.approx({"1": 50e-6, "2": 80e-6})
-    assert ref["per_core_bytes_per_s"] == pytest.approx({"Q4_0": 25e9, "Q8_0": 20e9})
-    assert ref["parallel_efficiency"] == pytest.approx({"Q4_0": 0.8, "Q8_0": 1.25})
-    assert ref["decode_bw_eff"] == pytest.approx(60 / 42) and ref["decode_bw_achieved_gbs"] == pytest.approx(60.0)
-    assert ref["left_out_memory_bound_by_threads"] == {}
+    assert ref["level_probe"]["level_tok_s"]["2.pp"] == pytest.approx(1000.0)
+    thin = next(r for r in ref["prefill_measurements"] if (r["model"], r["type"]) == ("toy-thin", "Q4_0"))
+    assert thin["pp_tok_s"] == pytest.approx(speed)
     assert ref["prefill_eff_vs_fp32_peak_by_type"] == pytest.approx({"Q4_0": 0.9, "Q8_0": 0.6}, abs=1e-3)
-    assert ref["prefill_overhead_s_per_layer_token_channel"] == pytest.approx(20e-9)
-    assert ref["id"] == "box@20261201T1400Z" and "box@20261201T1400Z" in ref["provenance"] and ref["date"] in ref["provenance"]
+    assert cal.slow_figures(profile) == ["llama_cpp.runs.toy-thin.Q4_0.2.pp"]
+    fig["extra"]["probe"][0] = 950.0  # a second repetition at level: the figure is the median of those two, settled
+    assert cal.slow_figures(profile) == []
+    thin = next(r for r in cal.llama_cpp_reference(profile)["prefill_measurements"] if (r["model"], r["type"]) == ("toy-thin", "Q4_0"))
+    assert thin["pp_tok_s"] == pytest.approx(0.95 * speed)  # (0.8 + 1.1) / 2
 
 
 def test_bad_inputs_are_typed_errors():
@@ -468,7 +521,7 @@ def test_retime_times_again_only_the_figures_that_ran_in_a_slow_spell():
     profile = cal.run_calibration([a, b], on_step=lambda s, m, why: seen.append((s.label, s.again)), gpu=False, retime=3)
     assert calls == {"A": 2, "B": 1}
     assert profile["llama_cpp"]["retimed"] == [["llama_cpp.runs.toy-thin.Q4_0.2.tg"]]
-    assert seen[-1] == ("A again (every repetition ran in a slow spell)", True) and [s for s in seen if s[1]] == seen[-1:]
+    assert seen[-1] == ("A again (under two of its repetitions ran at the machine's level)", True) and [s for s in seen if s[1]] == seen[-1:]
     got = profile["llama_cpp"]["runs"]["toy-thin"]["Q4_0"]["2"]["tg"]
     assert got["samples"] == [600.0, 605.0, 700.0, 702.0] and got["extra"]["probe"] == [1000.0, 1050.0, 1495.0, 1490.0]
     assert cal.slow_figures(profile) == []

@@ -33,7 +33,7 @@ def calibrate(*, threads: tuple[int, ...] | None = None, repeats: int = 5, size_
     unstable, or were measured on a busy machine, raises UnstableMeasurementError unless
     ``accept_noisy`` (then it is saved flagged). ``rounds``: passes over the llama.cpp figures;
     ``probe``: time each llama.cpp repetition between two runs of the level probe (llama_cpp_plan);
-    ``retime``: passes that time again the llama.cpp figures whose every repetition ran in a slow
+    ``retime``: passes that time again the llama.cpp figures with under two repetitions out of a slow
     spell, then (when not 0) one over the decode figures furthest off the fit of the others
     (run_calibration's misfit)."""
     from ..hardware import calibrate as cal

@@ -65,8 +65,8 @@ def machine(gpu: str | None, cpu: str | None, no_profile: bool, as_json: bool) -
               help="With --engine: passes over the llama.cpp figures (each keeps the repetitions of every pass).")
 @click.option("--no-probe", is_flag=True, help="With --engine: do not time the level probe (toy-wide Q4_K) around each repetition.")
 @click.option("--retime", default=2, show_default=True, type=click.IntRange(0, 10),
-              help="With --engine: passes that time again the figures none of whose repetitions ran at the machine's level "
-                   "(the probe slow throughout); stops early when a pass leaves as many. Then, unless 0, one pass over the "
+              help="With --engine: passes that time again the figures under two of whose repetitions ran at the machine's "
+                   "level (the probe slow throughout); stops early when a pass leaves as many. Then, unless 0, one pass over the "
                    "decode figures more than 8 % off the fit of the others (at most 8 per thread count).")
 @click.option("--no-save", is_flag=True, help="Measure and print, do not write the profile.")
 @click.option("--accept-rejected", is_flag=True,
