@@ -640,8 +640,8 @@ def probe_levels(runs: dict) -> tuple[dict, dict]:
 # one repetition at 0.96, which stood as the figure; Q4_0's prefill share came out high, and the
 # held-out Q4_0 rows +9 ... +17 % fast (the calibration before: -4 ... -10 %). Cross-scored (every
 # calibration's profile refit on every validate run, vs probe): Zen 5, 7 calibrations x 12 runs,
-# decode 2633 -> 2668 and prefill 2636 -> 2649 of 2772 rows within 15 %; Zen 4, 2 x 4 runs, decode
-# 259 -> 261, prefill 258 -> 254 of 264
+# decode 2633 -> 2668 and prefill 2636 -> 2649 of 2772 rows within 15 %; Zen 4, 4 x 8 runs (two of
+# the calibrations with this rule), decode 1025 -> 1031, prefill 1020 -> 1017 of 1056
 LEVEL_MIN_REPETITIONS = 2
 
 
