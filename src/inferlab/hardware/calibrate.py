@@ -237,7 +237,7 @@ def _bench_measurement(path: str, threads: int, what: str, n_prompt: int, n_gen:
             if probe:
                 levels[key] = max([levels.get(key, 0.0), *around])  # the probe's fastest so far in this calibration
                 fast = [a for a, b in zip(samples, around) if b >= FAST_LEVEL * levels[key]]
-                judged = fast if len(fast) >= 2 else []  # the repetitions that ran at the machine's level
+                judged = fast if len(fast) >= LEVEL_MIN_REPETITIONS else []  # the repetitions that ran at the machine's level
             if Measurement("", "", tuple(judged)).stable():
                 break
             repeats = 2
@@ -648,8 +648,8 @@ LEVEL_MIN_REPETITIONS = 2
 def slow_figures(profile: dict) -> list[str]:
     """Keys (Step.key) of the llama.cpp figures fewer than LEVEL_MIN_REPETITIONS of whose repetitions
     ran while the level probe around them reached validate.FAST_LEVEL of the machine's level over the
-    whole calibration (probe_levels): each ran in a slow spell. A figure's bar while it was timed was the probe's
-    fastest run so far, and early in a run that can be a slow spell's: on a Zen 4 VM, 2026-12-04, 30 of
+    whole calibration (probe_levels): each ran in a slow spell. A figure's bar while it was timed
+    was the probe's fastest run so far, and early in a run that can be a slow spell's: on a Zen 4 VM, 2026-12-04, 30 of
     165 figures of a full calibration had no repetition at the final level (toy-thin Q4_0 prefill's
     probe at most 0.83 of it). Such a figure can only be carried by its ratio to the probe, and a slow
     spell does not slow every kernel alike (the same VM: toy-wide Q4_0 / the probe 0.97 at level and
@@ -728,9 +728,9 @@ def llama_cpp_reference(profile: dict) -> dict:
             fast = [a for a, b in zip(fig["samples"], probe) if b >= FAST_LEVEL * probe_level[(t, what)]]
             if len(fast) >= LEVEL_MIN_REPETITIONS:
                 return statistics.median(fast)
-            # fewer than LEVEL_MIN_REPETITIONS ran at level: its speed relative to the probe, at the probe's level, never past its
-            # fastest repetition (``cap``) where the ladder measured a cache ramp. The probe (70 MB) sits
-            # on the Xeon guest's cache ramp, so a spell that takes only cache slows it and not a toy held
+            # fewer than LEVEL_MIN_REPETITIONS ran at level: its speed relative to the probe, at the
+            # probe's level, never past its fastest repetition (``cap``) where the ladder measured a
+            # cache ramp. The probe (70 MB) sits on the Xeon guest's cache ramp, so a spell that takes only cache slows it and not a toy held
             # in or far past the cache (2026-12-06: toy-wide-10 Q4_K 133-146 tok/s beside a probe at
             # 212-303; scaled, 206 tok/s, and the ladder's ramp came out 67-70 MB with a 23 % residual;
             # capped, 48-92 MB and 5 %). Where every toy past toy-mini is past the cache, the probe's
@@ -832,7 +832,6 @@ def llama_cpp_reference(profile: dict) -> dict:
     # put the d 512 and d 1024 toys' rest at one figure: held out, the d 1024 toys came out 14-16 %
     # fast (Zen 4 VM, 2 threads; 13 of 13 prefill rows within 15 % with n_embd in, 10 without)
     shares, pp_overhead = {}, 0.0
-    pp_resid: dict[tuple[str, str, int], float] = {}
     if pp_runs:
         t_pp = max(r["threads"] for r in pp_runs)
         sel = [r for r in pp_runs if r["threads"] == t_pp]
@@ -848,7 +847,7 @@ def llama_cpp_reference(profile: dict) -> dict:
         for r in sel:  # the fit's residual: fitted over measured seconds a prompt token, less 1 (below 0: it ran slower)
             if r["type"] in shares:
                 fitted = r["n_layer"] * r["n_embd"] * pp_overhead + r["flops_per_token"] / (shares[r["type"]] * peak_t)
-                pp_resid[(r["model"], r["type"], r["threads"])] = fitted / r["s_per_token"] - 1
+                r["fit_residual"] = fitted / r["s_per_token"] - 1
     rid = profile_id(profile)
     resid = {(e["model"], e["type"], t): e["residual"] for t, f in fits.items() for e in f["residuals"]}
     return {"id": rid, "date": profile["date"], "simd": _simd(profile), "cpu": profile["host"]["cpu"], "n_cores": n,
@@ -887,8 +886,7 @@ def llama_cpp_reference(profile: dict) -> dict:
                               **({"fit_residual": resid[(r["model"], r["type"], r["threads"])]}
                                  if (r["model"], r["type"], r["threads"]) in resid else {})} for r in runs],
             "prefill_measurements": [{"model": r["model"], "type": r["type"], "threads": r["threads"], "pp_tok_s": 1 / r["s_per_token"],
-                                      **({"fit_residual": pp_resid[(r["model"], r["type"], r["threads"])]}
-                                         if (r["model"], r["type"], r["threads"]) in pp_resid else {})} for r in pp_runs]}
+                                      **({"fit_residual": r["fit_residual"]} if "fit_residual" in r else {})} for r in pp_runs]}
 
 
 def _simd(profile: dict) -> str:
