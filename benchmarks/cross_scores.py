@@ -8,6 +8,9 @@ run scored with every calibration shows which misses follow the run and which th
 
 CALIBRATIONS.json: {name: a machine profile (at least its host, cpu and llama_cpp.runs)}; RUNS.json:
 {name: [rows of `inferlab validate --json`, with tg/pp_predicted and tg/pp_matched_error]}.
+``--state``: decode scored at the machine's state (`validate --state` runs): each repetition's
+recorded level-probe and state-probe speeds re-solved with the calibration's own profile
+(validate.machine_state), as validate scores them; prefill vs probe as without it.
 ``--without-chunks``: the fit and the prediction without the cost of the chunks the threads start in
 DRAM (cpu_model.dram_chunk_s), as before 2026-12-07. Run it on the machine the profiles were measured
 on: the prediction takes this machine's detected CPU, with each profile's rates attached.
@@ -27,6 +30,7 @@ def main() -> None:
     ap.add_argument("--gguf", help="the real GGUF the runs were given with --gguf (its rows are named by its file name)")
     ap.add_argument("--n-prompt", type=int, default=128)
     ap.add_argument("--without-chunks", action="store_true", help="no chunk-start term in the fit or the prediction")
+    ap.add_argument("--state", action="store_true", help="decode at the machine's state (runs of `validate --state`)")
     ap.add_argument("--json", help="also write the matrix here")
     args = ap.parse_args()
 
@@ -57,6 +61,7 @@ def main() -> None:
         thin = {m["type"]: m["fit_residual"] for m in ref["measurements"] if (m["model"], m["threads"]) == ("toy-thin", 2) and "fit_residual" in m}
         fits[cname] = {"max_rel_residual_by_threads": ref["max_rel_residual_by_threads"], "toy_thin_2_threads": thin,
                        "dram_chunk_s_by_threads": ref.get("dram_chunk_s_by_threads") or {}}
+        state = _state(machine, threads=2) if args.state else None
         line = f"{cname:6s}"
         for rname, rows in runs.items():
             cell: dict = {"tg": [], "pp": []}
@@ -66,7 +71,7 @@ def main() -> None:
                     continue
                 _, _, limits, pp = _predict(path, machine, r["threads"], args.n_prompt)
                 for metric, pred in (("tg", limits.tok_s), ("pp", pp)):
-                    e = vs_probe_error(r, metric, pred)
+                    e = at_state_error(r, path, machine, state) if metric == "tg" and args.state else vs_probe_error(r, metric, pred)
                     if e is not None:
                         cell[metric].append({"model": r["model"], "preset": r["preset"], "error": e})
                         errors[metric].append(e)
@@ -83,7 +88,33 @@ def main() -> None:
     print("all:", total)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"without_chunks": args.without_chunks, "fits": fits, "matrix": matrix, "total": total}, f, indent=1)
+            json.dump({"without_chunks": args.without_chunks, "state": args.state, "fits": fits, "matrix": matrix, "total": total}, f, indent=1)
+
+
+def _state(machine, threads: int):
+    """(the parts of the level probe and the state probes, their speeds at calibrate) with ``machine``'s
+    profile, as validate --state takes them."""
+    from inferlab.hardware import validate as v
+
+    probe = v.level_probe()
+    st = v.state_probes(probe, machine, threads, v.probe_reference(probe, machine, threads, 128)[0])
+    if not st:
+        raise SystemExit("--state: the profile holds no cache ramp (or no state probe figures)")
+    return st[1], st[2]
+
+
+def at_state_error(row: dict, path: str, machine, state) -> float | None:
+    """The row's decode predicted at the machine's state around each repetition (its recorded probe
+    speeds re-solved with ``machine``'s profile) over its measured speed, the median, less 1."""
+    from inferlab.hardware import validate as v
+
+    samples = row.get("tg_state_probe_samples")
+    dp = v.decode_parts(path, machine, row["threads"])
+    if not samples or dp is None:
+        return None
+    parts, refs = state
+    solved = [v.machine_state(parts, refs, (p, *(s[i] for s in samples))) for i, p in enumerate(row["tg_probe_samples"])]
+    return statistics.median(1 / float(dp.seconds(x, k, g)) / sp for (x, k, g, _), sp in zip(solved, row["tg_samples"])) - 1
 
 
 if __name__ == "__main__":
