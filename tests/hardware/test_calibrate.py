@@ -820,6 +820,61 @@ def test_a_types_own_stall_that_comes_out_negative_is_held_at_zero():
         assert abs(pred / r["s_per_token"] - 1) < (0.05 if ty == "Q4_K" else 0.25), (ty, r["n_layer"], pred, r["s_per_token"])
 
 
+def test_a_cache_spell_on_a_ramp_run_is_weighted_down_in_the_decode_fit(monkeypatch):
+    """A known machine, ramp 61-111 MB, 30 us a layer: the ladder's Q4_K (2-24 layers of 9.3 MB,
+    40 GB/s) on the shared stall, 30 ps a byte, and Q6_K (45 GB/s, on it too) on toy-mini, toy-wide
+    and toy-thin (25, 60, 80 MB: with the ladder's bytes in proportion to its layers, Q6_K's two
+    runs in the cache tell the overhead from the rates); Q8_0 at 36 GB/s with its own stall, 35 ps a byte, on
+    toy-mini (30 MB, in the cache), toy-wide (75 MB: (75 - 61) / 50 = 0.28 of it past), toy-thin
+    (98 MB, 0.74 past) and toy-stream (277 MB, all past). toy-thin Q8_0 was timed in a spell of cache
+    (the Xeon guest, 2026-12-07 11:29 UTC: 185-194 tok/s against 123-129), 1.45x its speed. Q8_0's
+    rate and stall are told by its runs in the cache and past it; the two on the ramp are weighted
+    RAMP_RUN_WEIGHT. At a weight near 0 (1e-3) the fit is the truth (two unknowns, toy-mini and
+    toy-stream; the overhead and the shared stall from the ladder) and toy-thin's residual is the
+    spell, truth / measured - 1 = 1.45 - 1 = +45 %; by hand, toy-stream Q8_0:
+    15 x 30e-6 + 277e6 / 36e9 + 277e6 x 35e-12 = 0.45 + 7.694 + 9.695 = 17.84 ms. At weight 1 the
+    spell pulls Q8_0's stall down and the overhead below 0 (then held at 0), and toy-stream comes
+    out fast (-15 % here, as in that calibration); the committed weight lies between."""
+    from inferlab.perf.cpu_model import dram_share
+
+    ramp = (61e6, 111e6)
+
+    def run(model, ty, nl, b, rate, stall, spell=1.0):
+        dram = dram_share(b, ramp) * b
+        return {"threads": 2, "model": model, "type": ty, "n_layer": nl, "bytes_by_type": {ty: b}, "split_bytes_by_type": {ty: b},
+                "dram_bytes": dram, "s_per_token": (nl * 30e-6 + b / rate + dram * stall) / spell}
+
+    runs = [run(f"toy-wide-{nl}", "Q4_K", nl, nl * 9.3e6, 40e9, 30e-12) for nl in (2, 4, 8, 10, 12, 18, 24)]
+    runs += [run(name, "Q6_K", nl, b, 45e9, 30e-12) for name, nl, b in (("toy-mini", 4, 25e6), ("toy-wide", 6, 60e6), ("toy-thin", 24, 80e6))]
+    runs += [run("toy-mini", "Q8_0", 4, 30e6, 36e9, 35e-12), run("toy-wide", "Q8_0", 6, 75e6, 36e9, 35e-12),
+             run("toy-thin", "Q8_0", 24, 98e6, 36e9, 35e-12, spell=1.45), run("toy-stream", "Q8_0", 15, 277e6, 36e9, 35e-12)]
+    assert runs[-1]["s_per_token"] == pytest.approx(17.839e-3, rel=1e-4)
+
+    def stream_error(fit):  # toy-stream Q8_0 priced by the fit over its measured seconds, less 1
+        r = runs[-1]
+        pred = 15 * fit["overhead_s_per_layer"] + 277e6 / fit["rate_bytes_per_s"]["Q8_0"] + r["dram_bytes"] * fit["dram_stall_s_per_byte_by_type"]["Q8_0"]
+        return pred / r["s_per_token"] - 1
+
+    monkeypatch.setattr(cal, "RAMP_RUN_WEIGHT", 1e-3)
+    (near0,) = cal.fit_decode(runs).values()
+    assert near0["overhead_s_per_layer"] == pytest.approx(30e-6, rel=1e-3)
+    assert near0["rate_bytes_per_s"]["Q8_0"] == pytest.approx(36e9, rel=1e-3)
+    assert near0["dram_stall_s_per_byte_by_type"]["Q8_0"] == pytest.approx(35e-12, rel=1e-3)
+    thin = next(x for x in near0["residuals"] if (x["model"], x["type"]) == ("toy-thin", "Q8_0"))
+    assert thin["residual"] == pytest.approx(0.45, rel=1e-3)
+    monkeypatch.setattr(cal, "RAMP_RUN_WEIGHT", 1.0)
+    (plain,) = cal.fit_decode(runs).values()
+    monkeypatch.undo()
+    (weighted,) = cal.fit_decode(runs).values()
+    assert stream_error(plain) < -0.10  # the spell made the stream run fast
+    assert stream_error(plain) < stream_error(weighted) < 0.0
+    assert abs(stream_error(weighted)) < 0.5 * abs(stream_error(plain))
+    # exact runs: the weight moves nothing
+    exact = [dict(r, s_per_token=r["s_per_token"] * (1.45 if (r["model"], r["type"]) == ("toy-thin", "Q8_0") else 1.0)) for r in runs]
+    (fit,) = cal.fit_decode(exact).values()
+    assert fit["rate_bytes_per_s"]["Q8_0"] == pytest.approx(36e9, rel=1e-6) and fit["overhead_s_per_layer"] == pytest.approx(30e-6, rel=1e-6)
+
+
 def test_toy_minis_run_in_the_cache_tells_q8_0s_own_stall():
     """The machine of the test above, Q8_0 at 36 GB/s with a stall of its own, 45 ps a byte: on
     toy-thin, toy-wide and toy-stream alone (98, 132, 277 MB: 0.74 of it past the cache at the
