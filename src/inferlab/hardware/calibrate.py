@@ -527,8 +527,8 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
             # the chunks the threads start in DRAM (cpu_model.dram_chunk_s): on two threads or more
             chunk = dram and any(r.get("dram_chunks", 0.0) > 0 for r in sel)
             while True:
-                rows = [([weight(r, own) * f / r["s_per_token"] for f in feats(r, types, dram, own, none, chunk)], weight(r, own))
-                        for r in sel]
+                rows = [([w * f / r["s_per_token"] for f in feats(r, types, dram, own, none, chunk)], w)
+                        for r in sel for w in (weight(r, own),)]
                 x = least_squares(rows)
                 neg = [k for i, k in enumerate(own) if x[1 + len(types) + dram + i] < 0]
                 if not neg:
