@@ -646,6 +646,67 @@ def test_a_decline_over_the_whole_ladder_is_not_a_cache_ramp(monkeypatch):
     assert fit is not None and fit["ramp_bytes"][1] == pytest.approx(sizes[-1]) and 5e-12 < fit["stall_s_per_byte"] < 7e-12
 
 
+def test_the_ramp_is_fitted_with_the_decode_fits_per_layer_cost_held():
+    """The ladder as the Xeon guest's calibration of 2026-12-07 14:37 UTC measured it (2 threads,
+    toy-wide Q4_K, the figures to 0.1 tok/s), with that calibration's toy-thin Q4_K (24 layers of
+    width 512, 51.68 MB: 369.2 tok/s, 2.7086 ms), which the ladder's fit does not see. The ladder
+    differs by its layers alone: by hand, toy-wide-2 1.1632 ms, toy-wide-4 1.9486 ms, so a layer of
+    8.553 MB costs 0.3927 ms and the 18.432 MB head 1.1632 - 2 x 0.3927 = 0.3778 ms (48.8 GB/s):
+    fitted alone, the ladder puts its rate near 49 GB/s and 0.3927 - 8.553e6 / 48.8e9 = 0.217 ms a
+    layer on the overhead, and 24 such layers (5.2 ms) are more than toy-thin's whole step. Held at
+    the decode fit's 35 us a layer (every type's runs), the ramp starts below toy-wide-4's 52.6 MB,
+    and the fit prices toy-thin within 10 % (the free one by more than +100 %)."""
+    layers = (2, 4, 6, 8, 10, 12, 15, 18, 24)
+    tok_s = (859.7, 513.2, 292.7, 171.4, 131.0, 113.1, 92.5, 78.1, 58.8)
+    sizes = (35537472, 52642368, 69747264, 86852160, 103957056, 121061952, 146719296, 172376640, 223691328)  # Q4_K bytes, as calibrate counted them
+    lad = [{"n_layer": nl, "bytes": b, "s_per_token": 1 / t} for nl, b, t in zip(layers, sizes, tok_s)]
+    assert (sizes[1] - sizes[0]) / 2 == pytest.approx(8.553e6, rel=1e-3)  # a layer's
+    thin_bytes, thin_s = 51683616, 1 / 369.2
+    assert thin_s == pytest.approx(2.7086e-3, rel=1e-4)
+
+    def thin_error(fit: dict) -> float:  # toy-thin Q4_K priced by a ladder fit over its measured seconds, less 1
+        from inferlab.perf.cpu_model import dram_share
+
+        s = 24 * fit["overhead_s_per_layer"] + thin_bytes / fit["rate_bytes_per_s"] \
+            + dram_share(thin_bytes, fit["ramp_bytes"]) * thin_bytes * fit["stall_s_per_byte"]
+        return s / thin_s - 1
+
+    free = cal.fit_cache_ramp(lad)
+    assert free["overhead_s_per_layer"] > 150e-6 and 24 * free["overhead_s_per_layer"] > thin_s
+    assert free["ramp_bytes"][0] > lad[1]["bytes"] and thin_error(free) > 1.0
+    held = cal.fit_cache_ramp(lad, 35e-6)
+    assert held["overhead_s_per_layer"] == 35e-6
+    assert held["ramp_bytes"][0] < lad[1]["bytes"] < held["ramp_bytes"][1]
+    assert abs(thin_error(held)) < 0.10 and held["max_rel_residual"] < 0.05
+
+
+def test_the_ladders_type_stalls_on_its_own_and_the_types_without_one_take_it(monkeypatch):
+    """The Xeon guest's calibration of 2026-12-07 14:37 UTC as measured (fixtures/
+    xeon_calibration_2026-12-07_1437.json: its llama.cpp runs, 2 threads and 1). Its ladder (toy-wide
+    Q4_K, 35-224 MB) holds runs in the cache and past it, so Q4_K gets a DRAM stall of its own, and
+    the shared stall of the types with no runs in and past the cache (Q2_K, Q3_K, the IQ grid types,
+    ...) is held at it. On the shared stall with those (the fit before) that stall came out 23 ps a
+    byte beside the ladder's own 40, and the ladder's runs +23 % at 35 MB ... -15 % at 224 MB
+    (fitted over measured seconds, less 1); its ramp, fitted with the decode fit's per-layer cost
+    held, starts below toy-wide-4's 52.6 MB (alone: 61 MB, test above). Each ladder run within 5 %."""
+    import pathlib
+
+    from inferlab.hardware import validate as v
+
+    monkeypatch.setattr(v, "physical_cores", lambda: 2)
+    profile = json.loads((pathlib.Path(__file__).parent / "fixtures" / "xeon_calibration_2026-12-07_1437.json").read_text())
+    ref = cal.llama_cpp_reference(profile)
+    own = ref["dram_stall_s_per_byte_by_type_by_threads"]["2"]
+    assert 30e-12 < own["Q4_K"] < 50e-12
+    assert ref["dram_stall_s_per_byte_by_threads"]["2"] == pytest.approx(own["Q4_K"], rel=0.05)  # held at it (then Q4_K's refitted)
+    assert not {"Q2_K", "Q3_K", "IQ2_XXS"} & set(own)  # no runs in and past the cache: on the shared stall
+    assert ref["dram_ramp_bytes"][0] < 52642368 < ref["dram_ramp_bytes"][1]
+    ladder = [e for e in ref["measurements"] if e["type"] == "Q4_K" and e["threads"] == 2
+              and e["model"] in (*v.KNEE_MODELS, "toy-thin")]
+    assert len(ladder) == 10  # toy-wide-2 ... -24, toy-wide, toy-stream, and toy-thin
+    assert max(abs(e["fit_residual"]) for e in ladder) < 0.05
+
+
 def test_calibrate_prices_every_decode_run_by_the_ladders_ramp(monkeypatch):
     """A profile of runs made by hand on the known machine of _ladder (2 threads): the ladder, and
     Q8_0 on toy-thin (24 layers, 97.6 MB), toy-wide (6, 131.7 MB) and toy-stream (15, 277.1 MB) at
@@ -776,7 +837,7 @@ def test_fit_decode_gives_a_type_its_own_dram_stall_where_its_runs_span_the_cach
     assert fit["overhead_s_per_layer"] == pytest.approx(30e-6, rel=1e-6)
     assert fit["rate_bytes_per_s"] == pytest.approx({"Q4_K": 40e9, "Q4_0": 48e9, "Q8_0": 36e9}, rel=1e-6)
     assert fit["dram_stall_s_per_byte"] == pytest.approx(25e-12, rel=1e-6)
-    assert fit["dram_stall_s_per_byte_by_type"] == pytest.approx({"Q4_0": 64e-12}, rel=1e-6)
+    assert fit["dram_stall_s_per_byte_by_type"] == pytest.approx({"Q4_0": 64e-12, "Q4_K": 25e-12}, rel=1e-6)  # the ladder's type's own too
     # the shared stall alone, as before: Q4_0's own runs cannot be fitted, the stream run comes out fast
     shared = [dict(r, type=None) for r in runs]
     (old,) = cal.fit_decode(shared).values()
@@ -895,11 +956,12 @@ def test_toy_minis_run_in_the_cache_tells_q8_0s_own_stall():
     runs += [run("Q8_0", nl, b, 36e9, 45e-12) for nl, b in ((24, 98e6), (6, 132e6), (15, 277e6))]
     assert runs[-1]["s_per_token"] == pytest.approx(20.609e-3, rel=1e-4)
     (without,) = cal.fit_decode(runs).values()
-    assert without["dram_stall_s_per_byte_by_type"] == {}
+    assert set(without["dram_stall_s_per_byte_by_type"]) == {"Q4_K"}  # Q8_0 on the shared stall, held at Q4_K's
+    assert without["dram_stall_s_per_byte"] == pytest.approx(25e-12, rel=1e-6)
     mini = run("Q8_0", 4, 17.8e6, 36e9, 45e-12)
     assert mini["dram_bytes"] == 0
     (fit,) = cal.fit_decode(runs + [mini]).values()
-    assert fit["dram_stall_s_per_byte_by_type"] == pytest.approx({"Q8_0": 45e-12}, rel=1e-6)
+    assert fit["dram_stall_s_per_byte_by_type"] == pytest.approx({"Q8_0": 45e-12, "Q4_K": 25e-12}, rel=1e-6)
     assert fit["rate_bytes_per_s"]["Q8_0"] == pytest.approx(36e9, rel=1e-6)
     assert fit["dram_stall_s_per_byte"] == pytest.approx(25e-12, rel=1e-6)
 
