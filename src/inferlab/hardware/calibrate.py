@@ -394,9 +394,10 @@ def fit_cache_ramp(ladder: list[dict], overhead_s_per_layer: float | None = None
         seconds per token = n_layer x overhead + bytes / rate + dram_share(bytes; lo, hi) x bytes x stall
 
     and the ramp with the smallest squared residual. ``ladder``: dicts with n_layer, bytes (the
-    step's weight bytes), s_per_token. ``overhead_s_per_layer``: held at that value, not fitted. None when no step up is seen (the stall under
-    KNEE_MIN_STALL_SHARE of the largest run's step, every run past the cache already, or fewer than
-    KNEE_MIN_PAST sizes at or past the ramp's end: then the rates alone carry it). Returns
+    step's weight bytes), s_per_token. ``overhead_s_per_layer``: held at that value, not fitted.
+    None when no step up is seen (the stall under KNEE_MIN_STALL_SHARE of the largest run's step,
+    every run past the cache already, or fewer than KNEE_MIN_PAST sizes at or past the ramp's end:
+    then the rates alone carry it). Returns
     {"ramp_bytes": [lo, hi], "stall_s_per_byte", "max_rel_residual", "ladder_bytes": [smallest, largest]}."""
     runs = sorted(ladder, key=lambda r: r["bytes"])
     if len(runs) < 4:
