@@ -694,6 +694,7 @@ def test_the_ladders_type_stalls_on_its_own_and_the_types_without_one_take_it(mo
     from inferlab.hardware import validate as v
 
     monkeypatch.setattr(v, "physical_cores", lambda: 2)
+    monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)  # prefill's peak: not this machine's probe
     profile = json.loads((pathlib.Path(__file__).parent / "fixtures" / "xeon_calibration_2026-12-07_1437.json").read_text())
     ref = cal.llama_cpp_reference(profile)
     own = ref["dram_stall_s_per_byte_by_type_by_threads"]["2"]

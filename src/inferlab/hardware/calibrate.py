@@ -571,7 +571,8 @@ def fit_decode(runs: list[dict], bandwidth_bytes_per_s: float | None = None) -> 
                 # the types without a stall of their own take the ladder's, as the fit of every run gives it:
                 # their two shapes alone tell it from their rates poorly (the Xeon guest, 2026-12-07 14:37
                 # UTC: 19 ps a byte beside the ladder's 40, and toy-290m Q2_K and Q3_K_M, past the cache,
-                # +23 ... +35 % fast; fitted as one unknown with the ladder's, the others pull it to 27)
+                # +22 ... +35 % fast at state over eight validate runs; fitted as one unknown with the
+                # ladder's, the others pull it to 27)
                 j = 1 + len(types)
                 pinned = {j: x[j + 1 + own.index(KNEE_TYPE)]}
                 x = _solve_pinned(rows, pinned)
