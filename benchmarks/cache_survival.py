@@ -4,9 +4,11 @@ bytes fit, or does it depend on the time between them? Decode steps of the cache
 gap before each step; the step's own time (the gap left out), median over the steps after the
 first 8. Where the gap slows a toy that fits in the cache, something else (another guest on the
 host, sharing its L3) fills the cache while we wait, and a slower step (a narrow many-layer model, a
-slow kernel) loses more of its cache at the same bytes. On the Xeon guest (2026-12-07 19:25 UTC, 2
-threads) a 10 ms gap took toy-wide-2 (35 MB) from 1.12 to 2.50 ms a step and the toys past the
-cache not at all (toy-wide-12, 121 MB: 8.12 and 8.35 ms).
+slow kernel) may lose more of its cache at the same bytes. On the Xeon guest (2026-12-07 19:25 UTC,
+2 threads) a 10 ms gap took toy-wide-2 (35 MB) from 1.12 to 2.50 ms a step and the toys past the
+cache not at all (toy-wide-12, 121 MB: 8.12 and 8.35 ms). The gap is a sleep: while this guest's
+vCPUs idle, other guests may run on its cores too, so it overstates what a busy step loses (a
+busy-wait gap of 2 ms took toy-wide-2 to 1.31 ms only).
 
     python benchmarks/cache_survival.py [--rounds 3] [--threads 2] [--gaps-ms 0,1,3,10] [--json out.json]
 
