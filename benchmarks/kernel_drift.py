@@ -3,7 +3,7 @@ calibrate timed (toy-mini of calibrate.STALL_TYPES, toy-wide-2 for the ladder's 
 the other types with no toy-mini run) timed again here, interleaved round by round, each over its
 calibrate figure in this machine's profile. One state for every kernel (validate's machine_state:
 one slowdown of the kernels, a cache scale and a stall scale) assumes the ratios agree; on a shared
-guest they need not (the Xeon guest, 2026-12-07 18:45 UTC: 1.04 ... 1.32 at one moment, each type
+guest they need not (the Xeon guest, 2026-12-07 18:00 UTC: 1.04 ... 1.32 at one moment, each type
 steady within +-3 % over 12 rounds).
 
     python benchmarks/kernel_drift.py [--rounds 12] [--threads 2] [--types Q4_0,Q3_K,...] [--json out.json]
@@ -26,9 +26,10 @@ def probes(measured: dict, threads: int, types: list[str] | None) -> dict[str, s
     from inferlab.hardware import validate as v
 
     have = {t for (_, t, th) in measured if th == threads}
+    in_cache = {t: m for m, t in v.STATE_PROBES if m != v.CACHE_MODEL}  # the ladder's in-cache toy of its type
     out = {}
     for t in sorted(have):
-        for m in (v.CACHE_MODEL, "toy-wide-2" if t == v.KNEE_TYPE else None, "toy-thin"):
+        for m in (v.CACHE_MODEL, in_cache.get(t), "toy-thin"):
             if m and (m, t, threads) in measured:
                 out[t] = m
                 break
