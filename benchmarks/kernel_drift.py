@@ -26,7 +26,10 @@ def probes(measured: dict, threads: int, types: list[str] | None) -> dict[str, s
     from inferlab.hardware import validate as v
 
     have = {t for (_, t, th) in measured if th == threads}
-    in_cache = {t: m for m, t in v.STATE_PROBES if m != v.CACHE_MODEL}  # the ladder's in-cache toy of its type
+    in_cache: dict[str, str] = {}  # the ladder's in-cache toy of its type: the first (smallest) of its state probes
+    for m, t in v.STATE_PROBES:
+        if m != v.CACHE_MODEL:
+            in_cache.setdefault(t, m)
     out = {}
     for t in sorted(have):
         for m in (v.CACHE_MODEL, in_cache.get(t), "toy-thin"):
