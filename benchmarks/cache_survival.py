@@ -56,7 +56,8 @@ def main() -> None:
                 time.sleep(gap_s)
             tok = (llama_cpp.llama_token * 1)(rnd.randrange(llm.n_vocab()))
             t0 = time.perf_counter()
-            llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tok, 1))
+            if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tok, 1)) != 0:
+                raise SystemExit(f"llama_decode failed on {llm.model_path}")  # a failed step would time nothing
             llama_cpp.llama_synchronize(ctx)
             seconds.append(time.perf_counter() - t0)
         return 1e3 * statistics.median(seconds[8:])
