@@ -751,6 +751,105 @@ def test_calibrate_prices_every_decode_run_by_the_ladders_ramp(monkeypatch):
     assert old["dram_stall_s_per_byte_by_threads"]["2"] == 0.0
 
 
+def _thin_runs(shift: float, ramp=(60e6, 120e6)) -> list[dict]:
+    """toy-thin (24 layers) as Q8_0, Q6_K and Q5_K (97.6, 75.4, 63.2 MB) and toy-wide Q8_0 (6 layers,
+    131.7 MB) on a known machine whose ramp starts ``shift`` bytes lower per layer beyond the ladder's
+    toy of a run's bytes (_ladder: 8.553 MB a layer and an 18.432 MB head): 80 us a layer, 25, 30 and
+    32 GB/s, 30 ps a byte of stall."""
+    from inferlab.perf.cpu_model import dram_share
+
+    out = []
+    for model, nl, ty, b, rate in (("toy-thin", 24, "Q8_0", 97.6e6, 25e9), ("toy-thin", 24, "Q6_K", 75.4e6, 30e9),
+                                   ("toy-thin", 24, "Q5_K", 63.2e6, 32e9), ("toy-wide", 6, "Q8_0", 131.7e6, 25e9)):
+        extra = nl - (b - 18_432_000) / 8_552_448  # the layers beyond the ladder's toy of these bytes
+        lo = max(0.0, ramp[0] - shift * extra)
+        out.append({"model": model, "type": ty, "threads": 2, "n_layer": nl, "bytes_by_type": {ty: b},
+                    "s_per_token": nl * 80e-6 + b / rate + dram_share(b, (lo, ramp[1])) * b * 3e-11})
+    return out
+
+
+def test_the_ramp_shift_is_found_back_from_runs_of_a_deeper_shape():
+    """By hand, toy-thin Q8_0 with the ramp 60-120 MB and a shift of 0.5 MB a layer: the ladder's
+    toy at 97.6 MB has (97.6 - 18.432) / 8.553 = 9.256 layers, so toy-thin has 14.744 more, its ramp
+    starts 7.372 MB lower (52.63 MB), a share of (97.6 - 52.63) / 67.37 = 0.6675 (0.6267 unshifted)
+    stalls: 24 x 80e-6 + 97.6e6 / 25e9 + 0.6675 x 97.6e6 x 3e-11 = 1.92 + 3.904 + 1.9545 = 7.7785 ms.
+    fit_ramp_shift, given the machine's own fit, gives the 0.5 MB back from the three toy-thin runs
+    on the ramp (toy-wide Q8_0, past it at any shift, is left out), 0 from runs made without one,
+    and 0 with none on the ramp."""
+    fit = {"overhead_s_per_layer": 80e-6, "rate_bytes_per_s": {"Q8_0": 25e9, "Q6_K": 30e9, "Q5_K": 32e9},
+           "dram_stall_s_per_byte": 3e-11, "dram_stall_s_per_byte_by_type": {}, "dram_chunk_s": 0.0}
+    lad = _ladder()
+    runs = _thin_runs(0.5e6)
+    assert runs[0]["s_per_token"] == pytest.approx(7.7785e-3, rel=1e-4)
+    got = cal.fit_ramp_shift(runs, lad, [60e6, 120e6], fit)
+    assert got["shift_bytes_per_layer"] == 0.5e6
+    assert got["runs"] == ["toy-thin Q8_0", "toy-thin Q6_K", "toy-thin Q5_K"]
+    assert got["rms_log_residual"]["fitted"] == pytest.approx(0.0, abs=1e-5) and got["rms_log_residual"]["0"] > 0.01
+    assert cal.fit_ramp_shift(_thin_runs(0.0), lad, [60e6, 120e6], fit)["shift_bytes_per_layer"] == 0.0
+    assert cal.fit_ramp_shift(runs[3:], lad, [60e6, 120e6], fit) == {"shift_bytes_per_layer": 0.0, "runs": [],
+                                                                      "rms_log_residual": {"0": 0.0, "fitted": 0.0}}
+
+
+def test_calibrate_fits_the_ramp_shift_and_prices_a_deep_step_by_it(monkeypatch):
+    """The profile of _ladder's machine with its ramp at 60-120 MB, and Q8_0, Q6_K and Q5_K each on
+    toy-mini (in the cache), toy-thin (on the ramp), toy-wide and toy-stream, made with a shift of
+    1 MB a layer (as _thin_runs: 80 us a layer, 25, 30 and 32 GB/s, 30 ps a byte). By hand, toy-thin
+    Q5_K (63.2 MB, 18.76 layers beyond the ladder's toy of its bytes) then starts its ramp at 41.24
+    MB: a share of 0.279 stalls where the ladder's ramp gives 0.053. calibrate fits the rates on the
+    ladder's ramp as it is (toy-thin's runs on it weigh RAMP_RUN_WEIGHT), then the shift from the
+    toy-thin and toy-wide runs, and stores it with the ladder's layers by bytes. Priced with it
+    (cpu_model, the step's 24 layers), each toy-thin run comes out closer to its seconds than at the
+    ladder's ramp."""
+    from dataclasses import replace
+
+    from inferlab.hardware import validate as v
+    from inferlab.hardware.device import Device
+    from inferlab.perf.cpu_model import attach_rates, cpu_decode_compute_s, dram_share
+
+    monkeypatch.setattr(v, "physical_cores", lambda: 2)
+    monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
+
+    def m(s, nl, ty, b):
+        return {"tg": cal.Measurement("x", "tok/s", (1 / s, 1 / s), extra={"n_layer": nl, "bytes_by_type": {ty: b}}).to_json()}
+
+    names = dict(zip((2, 4, 6, 8, 10, 12, 15, 18, 24), ("toy-wide-2", "toy-wide-4", "toy-wide", "toy-wide-8", "toy-wide-10",
+                                                        "toy-wide-12", "toy-stream", "toy-wide-18", "toy-wide-24")))
+    runs: dict = {}
+    for r in _ladder(ramp=(60e6, 120e6)):
+        runs.setdefault(names[r["n_layer"]], {})["Q4_K"] = {"2": m(r["s_per_token"], r["n_layer"], "Q4_K", r["bytes"])}
+    weights = {"toy-mini": (4, 16.777216e6), "toy-thin": (24, 91.881472e6), "toy-wide": (6, 123.99744e6), "toy-stream": (15, 260.87424e6)}
+    thin = []
+    for ty, per_weight, rate in (("Q8_0", 34 / 32, 25e9), ("Q6_K", 210 / 256, 30e9), ("Q5_K", 176 / 256, 32e9)):
+        for model, (nl, n) in weights.items():
+            b = n * per_weight
+            lo = max(0.0, 60e6 - 1e6 * (nl - min(24, max(2, (b - 18_432_000) / 8_552_448))))  # 1 MB a layer beyond the ladder's toy
+            s = nl * 80e-6 + b / rate + dram_share(b, (lo, 120e6)) * b * 3e-11
+            runs.setdefault(model, {})[ty] = {"2": m(s, nl, ty, b)}
+            if model == "toy-thin":
+                thin.append((ty, b, s))
+    assert thin[2][1] == pytest.approx(63.17e6, rel=1e-3) and dram_share(thin[2][1], (41.24e6, 120e6)) == pytest.approx(0.279, abs=1e-3)
+    profile = {"date": "2026-12-08T00:00:00+00:00", "host": {"cpu": "test CPU", "features": ["avx2"], "name": "box", "l3_bytes": 480 * 2**20},
+               "cpu": {}, "llama_cpp": {"runs": runs}}
+    ref = cal.llama_cpp_reference(profile)
+    assert ref["dram_ramp_bytes"][0] == pytest.approx(60e6, abs=3.2e6)
+    # part of the deep runs' stall goes to the fit's cost of a chunk started in DRAM (toy-thin starts
+    # more chunks a byte than the ladder), so less than the 1 MB of the truth is left to the shift
+    assert 0.25e6 <= ref["dram_ramp_shift_bytes_per_layer"] <= 1.5e6
+    fit = ref["cache_ladder"]["shift_fit"]["rms_log_residual"]
+    assert fit["fitted"] < 0.6 * fit["0"]
+    assert len(ref["cache_ladder"]["layers_by_bytes"]) == 9 and {"toy-thin Q8_0", "toy-thin Q6_K", "toy-thin Q5_K"} <= \
+           set(ref["cache_ladder"]["shift_fit"]["runs"])
+    dev = Device("test CPU", 25.0, 12.0, 0.1, backend="cpu", n_cores=2, notes="ISA: fma, f16c, avx2", source="test: shifted ladder rates")
+    attach_rates(dev, ref)
+    unshifted = replace(dev, source="test: ladder rates, no shift")
+    attach_rates(unshifted, dict(ref, dram_ramp_shift_bytes_per_layer=0.0))
+    for ty, b, s in thin:
+        mats = [(ty, b, 0)]
+        err = abs((24 * ref["overhead_s_per_layer"] + cpu_decode_compute_s(dev, mats, 2, 24)) / s - 1)
+        err0 = abs((24 * ref["overhead_s_per_layer"] + cpu_decode_compute_s(unshifted, mats, 2, 24)) / s - 1)
+        assert err < err0, (ty, err, err0)
+
+
 def test_calibrate_tells_the_cost_of_a_chunk_started_in_dram(monkeypatch):
     """A known machine with no cache ramp seen (every toy but toy-mini past lscpu's 32 MiB L3, as the
     Zen 5 guest's, 2026-12-07), 2 threads: 35 us a layer, Q6_K at 60 GB/s with its own stall of 22 ps

@@ -565,6 +565,35 @@ def test_past_the_cache_ramp_all_of_a_steps_bytes_wait_on_dram():
     assert "up to 224 MB: decode of larger models is not verified" in " ".join(rate_provenance(flat, ["Q4_K"]))
 
 
+def test_a_deep_step_meets_the_cache_ramp_sooner_by_the_shift_calibrate_fitted():
+    """A ladder of 10 MB a layer (2 layers at 40 MB ... 22 at 240 MB), its ramp 80-120 MB, 30 ps a
+    byte on 2 threads, and a shift of 0.5 MB a layer. By hand, a 100 MB step: the ladder's toy there
+    has 2 + (100 - 40) / 10 = 8 layers. With 28 layers (20 more) the ramp starts 10 MB lower, at 70:
+    share (100 - 70) / (120 - 70) = 0.6, 100e6 x 0.6 x 3e-11 = 1.8 ms; with 8 the ladder's own 80-120
+    (0.5: 1.5 ms); with 4 (4 fewer) it starts at 82: 18 / 38 x 3 ms = 1.42105 ms; with 1000 it stops
+    at 0: 100 / 120 x 3 = 2.5 ms. Past the end (150 MB) every byte stalls at any depth. Without the
+    layers, or without a shift in the profile (calibrated before it), the ladder's ramp as it is."""
+    from inferlab.perf.cpu_model import cpu_decode_compute_s, dram_stall_s, ladder_layers_at, ramp_bytes_for
+
+    ladder = [[40e6, 2], [140e6, 12], [240e6, 22]]
+    assert [ladder_layers_at(ladder, b) for b in (10e6, 40e6, 100e6, 240e6, 400e6)] == pytest.approx([2, 2, 8, 22, 22])
+    ref = dict(limits()["references"][0], id="shift", date="2026-12-08", dram_ramp_bytes=[80e6, 120e6],
+               dram_ramp_shift_bytes_per_layer=0.5e6, cache_ladder={"layers_by_bytes": ladder},
+               dram_stall_s_per_byte_by_threads={"1": 0.0, "2": 3e-11})
+    assert ramp_bytes_for(ref, 100e6, 28) == pytest.approx((70e6, 120e6))
+    assert ramp_bytes_for(ref, 100e6, 8) == ramp_bytes_for(ref, 100e6) == (80e6, 120e6)
+    assert ramp_bytes_for(dict(ref, dram_ramp_shift_bytes_per_layer=0.0), 100e6, 28) == (80e6, 120e6)
+    assert ramp_bytes_for(dict(ref, dram_ramp_bytes=None), 100e6, 28) is None
+    dev = replace(HOST, source="test: shifted ramp")
+    attach_rates(dev, ref)
+    got = [dram_stall_s(dev, 100e6, 2, n_layer=n) for n in (28, 8, 4, 1000, None)]
+    assert got == pytest.approx([1.8e-3, 1.5e-3, 18 / 38 * 3e-3, 2.5e-3, 1.5e-3])
+    assert dram_stall_s(dev, 150e6, 2, n_layer=4) == dram_stall_s(dev, 150e6, 2, n_layer=40) == pytest.approx(4.5e-3)
+    q4k = [("Q4_K", 100e6, 4096)]
+    assert cpu_decode_compute_s(dev, q4k, 2, 28) == pytest.approx(cpu_decode_compute_s(dev, q4k, 2) + 0.3e-3)
+    assert "0.50 MB lower for each layer" in " ".join(rate_provenance(dev, ["Q4_K"]))
+
+
 def test_the_calibrated_speed_model_takes_the_cpus_own_decode_eta():
     """perf_model's CPU decode (fit --on local) uses the η its rates measured (calibrate's F32
     stream toy), not the GPU-fitted or the lesson's 0.7: one bandwidth-bound step is then bytes /

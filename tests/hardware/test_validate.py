@@ -611,6 +611,37 @@ def test_decode_parts_price_the_stall_by_where_the_cache_ends():
     assert _parts(224e6, 24).seconds(1.0, 1.5) == pytest.approx(7.4667e-3 + 1.2e-3 + 224e6 * 30e-12, rel=1e-4)  # past the ramp at 1.5x (217.5 MB)
 
 
+def test_decode_parts_and_limits_place_a_file_on_the_ramp_by_its_layers(tiny_f16):
+    """The tiny F16 file (2 layers, T bytes of matrices a step) on a machine whose ladder toy has 10
+    layers at any size, its ramp at 0.5T-2T, 30 ps a byte on 2 threads, and a shift of 0.05T a
+    layer: the file has 8 layers fewer than the ladder's toy, so its ramp starts 0.4T later, at
+    0.9T: (1 - 0.9) / 1.1 = 0.0909 of its bytes stall, where the ladder's ramp gives (1 - 0.5) / 1.5
+    = 1/3. decode_parts carry that ramp, and decode_limits' compute time (with or without the
+    matrices) takes the stall of it: T x (0.0909 - 0.3333) x 3e-11 less than on the same profile
+    without a shift."""
+    from inferlab.hardware.catalog import MACHINES
+    from inferlab.perf.cpu_model import attach_rates, decode_matrices, limits
+
+    mats = decode_matrices(v._tensors(model_from_gguf(tiny_f16)))
+    total = float(sum(b for _, b, _ in mats))
+    base = MACHINES["cpu-ddr5"]
+    ref = dict(limits()["references"][0], id="deep", date="2026-12-08", dram_ramp_bytes=[0.5 * total, 2 * total],
+               dram_ramp_shift_bytes_per_layer=0.05 * total, cache_ladder={"layers_by_bytes": [[1.0, 10], [1e12, 10]]},
+               dram_stall_s_per_byte_by_threads={"2": 3e-11})
+    machines = []
+    for name, r in (("shift", ref), ("no shift", dict(ref, dram_ramp_shift_bytes_per_layer=0.0))):
+        ram = replace(base.ram, source=f"test: {name}", n_cores=2)
+        attach_rates(ram, r)
+        machines.append(replace(base, ram=ram))
+    parts = v.decode_parts(tiny_f16, machines[0], 2)
+    assert parts.ramp_bytes == pytest.approx((0.9 * total, 2 * total))
+    assert v.decode_parts(tiny_f16, machines[1], 2).ramp_bytes == pytest.approx((0.5 * total, 2 * total))
+    by_type = v.decode_bytes_by_type(tiny_f16)
+    for kw, tol in (({"matrices": mats}, 1e-6), ({}, 0.01)):  # without the matrices the bytes count the norms and one row of
+        shifted, plain = (v.decode_limits(by_type, 2, m.ram, 2, **kw).compute_s for m in machines)  # token_embd too
+        assert shifted - plain == pytest.approx(total * (0.1 / 1.1 - 1 / 3) * 3e-11, rel=tol)
+
+
 @pytest.mark.parametrize("state", [(1.0, 0.6, 1.0), (0.7, 1.3, 1.0), (1.2, 0.8, 1.6)])
 def test_the_probes_tell_a_smaller_cache_from_slower_kernels(state):
     """A neighbour that takes only cache (kernels as at calibrate, the ramp at 0.6x), a faster spell

@@ -153,6 +153,9 @@ def calibrate(threads: str | None, repeats: int, size_mib: int | None, engine: s
                 for t, own in (ref.get("dram_stall_s_per_byte_by_type_by_threads") or {}).items():
                     con.print(f"  a stall of their own ({t} thread(s), runs in and past the cache): "
                               + ", ".join(f"{ty} {v * 1e12:.1f}" for ty, v in sorted(own.items())) + " ps/byte")
+            if ramp and ref.get("dram_ramp_shift_bytes_per_layer"):
+                con.print(f"a deeper model leaves the cache sooner: the ramp starts {ref['dram_ramp_shift_bytes_per_layer'] / 1e6:.2f} MB "
+                          "lower for each layer it has beyond the ladder's toy of its size (fitted on toy-thin and toy-wide)")
             chunk = {t: v for t, v in (ref.get("dram_chunk_s_by_threads") or {}).items() if v}
             if chunk:
                 con.print("a chunk of rows a thread starts in DRAM (its next chunk not where the last ended): "

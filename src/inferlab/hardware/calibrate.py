@@ -436,6 +436,60 @@ def fit_cache_ramp(ladder: list[dict], overhead_s_per_layer: float | None = None
             "max_rel_residual": max(abs(sum(a * b for a, b in zip(row, x)) - 1) for row, _ in rows), "ladder_bytes": [lo_b, hi_b]}
 
 
+# How far the cache ramp's start moves for a step of more layers than the ladder's toy of its bytes
+# (fit_ramp_shift, cpu_model.ramp_bytes_for): the grid of shifts tried, bytes a layer. On the Xeon guest
+# (2026-12-07) the ladder (toy-wide's width, 2-24 layers) fitted a ramp of 48-86 MB, yet deep steps of
+# the same bytes left the cache sooner: pure Q4_K toys of 51-64 MB at calibrate's state took 0.85-0.92
+# of their predicted seconds with 3-4 layers and 1.05-1.13 with 12-24 (toy-thin, 24 layers, fitted
+# +12 ... +21 % fast on the ramp; held-out toy-125m rows +8 ... +16 % fast over 18 validate runs). The
+# shift fitted on each calibration's own toy-thin and toy-wide runs came out 0.25-0.5 MB (0 in one of
+# 8), and held out (8 calibrations x 18 validate runs, decode at state) 2136 -> 2161 of 2376 rows
+# within 15 % (benchmarks/results/xeon_lower_ramp_2026-12-07.json)
+RAMP_SHIFT_GRID_BYTES = tuple(i * 0.125e6 for i in range(25))  # 0 ... 3 MB a layer
+
+
+def fit_ramp_shift(runs: list[dict], ladder: list[dict], ramp_bytes: list[float], fit: dict) -> dict:
+    """The shift of the cache ramp's start per layer beyond the ladder's toy at a run's bytes
+    (cpu_model.ramp_bytes_for), from ``runs`` (calibrate's decode runs of the fit models at the
+    ladder's thread count: n_layer, bytes_by_type, optionally split_bytes_by_type, chunks, type,
+    s_per_token) priced by ``fit`` (fit_decode's entry at that thread count, fitted on the ladder's
+    ramp as it is): over RAMP_SHIFT_GRID_BYTES, the shift with the least squared log residual of
+    the runs the largest shift puts on the ramp (the smallest shift on a tie; 0 with none of them):
+
+        seconds per token = n_layer x overhead + split_bytes / rate
+                            + dram_share(bytes; lo - shift x (n_layer - ladder's layers at bytes), hi) x (bytes x stall + chunks x chunk_s)
+
+    Returns {"shift_bytes_per_layer", "runs": ["model type", ...], "rms_log_residual": {"0": at no
+    shift, "fitted": at the shift}}."""
+    import math
+
+    from ..perf.cpu_model import dram_share, ladder_layers_at
+
+    lo, hi = ramp_bytes
+    points = [[r["bytes"], r["n_layer"]] for r in ladder]
+    on_ramp = []
+    for r in runs:
+        weights = {k: b for k, b in (r.get("split_bytes_by_type") or r["bytes_by_type"]).items() if k != "F32"}
+        total = _weight_bytes(r["bytes_by_type"])
+        if not weights or set(r["bytes_by_type"]) <= {"F32"} or any(k not in fit["rate_bytes_per_s"] for k in weights):
+            continue
+        extra = r["n_layer"] - ladder_layers_at(points, total)  # layers beyond the ladder's toy of its bytes
+        if not lo - RAMP_SHIFT_GRID_BYTES[-1] * max(extra, 0.0) < total < hi:
+            continue
+        base = r["n_layer"] * fit["overhead_s_per_layer"] + sum(b / fit["rate_bytes_per_s"][k] for k, b in weights.items())
+        stall = (fit.get("dram_stall_s_per_byte_by_type") or {}).get(r.get("type"), fit["dram_stall_s_per_byte"])  # its type's own, else the shared
+        per_share = total * stall + r.get("chunks", 0.0) * fit.get("dram_chunk_s", 0.0)  # seconds once every byte is DRAM's
+        on_ramp.append((f"{r['model']} {r['type']}", total, extra, base, per_share, r["s_per_token"]))
+
+    def rms(shift: float) -> float:
+        sq = [math.log((base + dram_share(total, (min(0.999 * hi, max(0.0, lo - shift * extra)), hi)) * per_share) / s) ** 2
+              for _, total, extra, base, per_share, s in on_ramp]
+        return math.sqrt(sum(sq) / len(sq)) if sq else 0.0
+
+    best = min(RAMP_SHIFT_GRID_BYTES, key=lambda b: (round(rms(b), 12), b)) if on_ramp else 0.0
+    return {"shift_bytes_per_layer": best, "runs": [name for name, *_ in on_ramp], "rms_log_residual": {"0": rms(0.0), "fitted": rms(best)}}
+
+
 # The weight in the decode fit of a run of a type with its own DRAM stall whose bytes lie partly past
 # the cache (0 < dram_bytes < its bytes: toy-wide and toy-thin of STALL_TYPES, between the type's
 # toy-mini run in the cache and its toy-stream run past it, which pin its rate and its stall). Those
@@ -751,7 +805,7 @@ def llama_cpp_reference(profile: dict) -> dict:
     peak; with the runs, the fit's residuals and the profile's id and date."""
     from ..errors import InvalidValueError
     from ..perf.cpu_model import decode_chunks, dram_share, split_bytes
-    from .validate import FAST_LEVEL, KNEE_MODELS, KNEE_TYPE, PROBE_MODEL, PROBE_TYPE, STREAM_MODEL, TOY_MODELS, physical_cores
+    from .validate import FAST_LEVEL, FIT_MODELS, KNEE_MODELS, KNEE_TYPE, PROBE_MODEL, PROBE_TYPE, STREAM_MODEL, TOY_MODELS, physical_cores
 
     n = physical_cores()
     peak = nominal_fp32_peak_tflops() or profile.get("cpu", {}).get("matmul_tflops", {}).get("fp32", {}).get("best") or 1.0
@@ -879,6 +933,10 @@ def llama_cpp_reference(profile: dict) -> dict:
         eta = achieved / bw
     fits = fit_decode(runs, achieved * 1e9 if achieved else None)
     one, alln = fits.get(1), fits[max(fits)]
+    # a deep step leaves the cache sooner than the ladder's toy of its bytes: the ramp's start per layer
+    # beyond it, fitted on the fit models' runs at the ladder's threads as the rates price them
+    shift = fit_ramp_shift([r for r in runs if r["threads"] == t_max and r["model"] in FIT_MODELS], ladder, ramp["ramp_bytes"],
+                           fits[t_max]) if ramp and t_max in fits else None
     per_core = (one or alln)["rate_bytes_per_s"]
     # every core's rate over the cores x one core's, as fitted: above 1 where one thread reaches less of
     # the cache and DRAM than all of them (the Xeon guest, 2 threads, 2026-12-06: 2.0-5.5 by type;
@@ -925,8 +983,10 @@ def llama_cpp_reference(profile: dict) -> dict:
             # toy-stream Q4_0 +37 %, Q8_0 +14 % predicted fast on the one stall, Q4_K +0.6 %)
             "dram_stall_s_per_byte_by_type_by_threads": {str(t): f["dram_stall_s_per_byte_by_type"] for t, f in fits.items()
                                                          if f["dram_stall_s_per_byte_by_type"]},
-            "dram_ramp_bytes": ramp["ramp_bytes"] if ramp else None, "cache_ladder": {
+            "dram_ramp_bytes": ramp["ramp_bytes"] if ramp else None,
+            "dram_ramp_shift_bytes_per_layer": shift["shift_bytes_per_layer"] if shift else 0.0, "cache_ladder": {
                 "fit": ramp, "ladder_bytes": sorted(r["bytes"] for r in ladder), "type": KNEE_TYPE, "threads": t_max,
+                "layers_by_bytes": sorted([r["bytes"], r["n_layer"]] for r in ladder), "shift_fit": shift,
                 "what": "decode's weights come from DRAM past dram_ramp_bytes (cpu_model.dram_share), fitted on the ladder's runs"
                         if ramp else ("no step up seen on the ladder (its smallest size past the cache already, or no step "
                                       "within it): the bytes past lscpu's L3 stall" + ("" if capped else ", and a slow spell's "

@@ -598,7 +598,7 @@ class DecodeParts:
     stall_s_per_byte: float  # the rates' DRAM stall per byte past the cache
     stalled_bytes: float  # the bytes that stall once past the cache (F32 left out)
     total_bytes: float  # the step's weight bytes, which place it on the ramp
-    ramp_bytes: tuple[float, float]  # calibrate's cache ramp
+    ramp_bytes: tuple[float, float]  # calibrate's cache ramp, as this step's depth meets it (cpu_model.ramp_bytes_for)
 
     def seconds(self, slowdown: Any = 1.0, cache_scale: Any = 1.0, stall_scale: Any = 1.0, floor: bool = True) -> Any:
         """Seconds per token with the kernels and overhead ``slowdown`` x slower, the cache ramp at
@@ -617,22 +617,24 @@ class DecodeParts:
 def decode_parts(path: str, machine, n_threads: int) -> DecodeParts | None:
     """DecodeParts of one GGUF with ``machine``'s rates; None where the rates hold no cache ramp."""
     from ..models.gguf_reader import model_from_gguf
-    from ..perf.cpu_model import decode_matrices, dram_chunk_s_per_byte, dram_stall_s, dram_stall_s_per_byte, reference_for, stalled_bytes_by_type
+    from ..perf.cpu_model import (decode_matrices, dram_chunk_s_per_byte, dram_stall_s, dram_stall_s_per_byte, ramp_bytes_for, reference_for,
+                                  stalled_bytes_by_type)
 
-    ramp = reference_for(machine.ram).get("dram_ramp_bytes")
-    mats = decode_matrices(_tensors(model_from_gguf(path)))
+    spec = model_from_gguf(path)
+    mats = decode_matrices(_tensors(spec))
+    total = float(sum(b for _, b, _ in mats))
+    ramp = ramp_bytes_for(reference_for(machine.ram), total, spec.n_layers)  # the ramp this step's depth meets
     by_type = stalled_bytes_by_type(mats)
     per_byte = dram_stall_s_per_byte(machine.ram, n_threads, by_type)  # each type's own stall, by its bytes
     if not ramp or not per_byte:
         return None
     _, _, limits, _ = _predict(path, machine, n_threads, 0)
-    total = float(sum(b for _, b, _ in mats))
-    stall_s = dram_stall_s(machine.ram, total, n_threads, stalled_by_type=by_type)
+    stall_s = dram_stall_s(machine.ram, total, n_threads, stalled_by_type=by_type, n_layer=spec.n_layers)
     # the chunks started in DRAM (cpu_model.dram_chunk_s) go with the DRAM bytes' share too: a stall per stalled byte
     chunk_per_byte = dram_chunk_s_per_byte(machine.ram, mats, n_threads)
     chunk_s = stall_s / per_byte * chunk_per_byte  # the step's DRAM bytes x that per byte
     return DecodeParts(limits.compute_s - stall_s - chunk_s, limits.overhead_s, limits.memory_s, per_byte + chunk_per_byte,
-                       float(sum(by_type.values())), total, (float(ramp[0]), float(ramp[1])))
+                       float(sum(by_type.values())), total, ramp)
 
 
 # The machine's state as validate runs, beside the level probe (toy-wide, 6 layers, 70 MB as Q4_K):
@@ -708,7 +710,8 @@ class ValidationRow:
     # what it ran at calibrate (probe_reference), or its prediction when the rates have no such figure
     probe_reference_pp: float | None = None
     probe_reference_tg: float | None = None
-    # where calibrate's cache ladder saw decode's weights leave the cache (the rates' dram_ramp_bytes)
+    # where calibrate's cache ladder saw decode's weights leave the cache (the rates' dram_ramp_bytes, as
+    # this model's depth meets it: cpu_model.ramp_bytes_for)
     cache_ramp_bytes: tuple[float, float] | None = None
     # the machine's state (machine_state): this row's decode parts, the probes' (the level probe's
     # first, then STATE_PROBES') and their decode speeds at calibrate, same threads
@@ -829,12 +832,12 @@ class ValidationRow:
         return tuple(out)
 
 
-def _ramp_of(machine) -> tuple[float, float] | None:
-    """The cache ramp of the rates that stand for ``machine``'s CPU (a calibrated profile's ladder), or None."""
-    from ..perf.cpu_model import reference_for
+def _ramp_of(machine, spec) -> tuple[float, float] | None:
+    """The cache ramp of the rates that stand for ``machine``'s CPU (a calibrated profile's ladder), as
+    a decode step of ``spec`` meets it (cpu_model.ramp_bytes_for: its bytes and layers), or None."""
+    from ..perf.cpu_model import decode_matrices, ramp_bytes_for, reference_for
 
-    ramp = reference_for(machine.ram).get("dram_ramp_bytes")
-    return (float(ramp[0]), float(ramp[1])) if ramp else None
+    return ramp_bytes_for(reference_for(machine.ram), float(sum(b for _, b, _ in decode_matrices(_tensors(spec)))), spec.n_layers)
 
 
 def _n_elements(t) -> int:
@@ -858,11 +861,11 @@ def decode_limits(bytes_by_type: dict[str, int], n_layer: int, ram, n_threads: i
     memory_s = total / (eta * ram.bandwidth_bytes_per_s)  # bytes over the bandwidth decode kernels reach
     only_f32 = set(bytes_by_type) <= {"F32"}  # an F32 file: its matrices are F32 (else F32 is norms, a few KB)
     if matrices is not None:
-        compute_s = cpu_decode_compute_s(ram, matrices, n_threads)  # each matrix at its kernel's rate, split as llama.cpp splits it
+        compute_s = cpu_decode_compute_s(ram, matrices, n_threads, n_layer)  # each matrix at its kernel's rate, split as llama.cpp splits it
     else:
         compute_s = sum(b / cpu_decode_rate_bytes_per_s(ram, ty, n_threads)  # each type at its kernel's rate
                         for ty, b in bytes_by_type.items() if (ty != "F32" or only_f32) and b)
-        compute_s += dram_stall_s(ram, total, n_threads, stalled_by_type={k: b for k, b in bytes_by_type.items() if k != "F32"})
+        compute_s += dram_stall_s(ram, total, n_threads, stalled_by_type={k: b for k, b in bytes_by_type.items() if k != "F32"}, n_layer=n_layer)
     if not only_f32:
         compute_s += bytes_by_type.get("F32", 0) / ram.bandwidth_bytes_per_s  # norms: a few KB, streamed
     by_threads = ref.get("overhead_s_per_layer_by_threads") or {}
@@ -1034,7 +1037,7 @@ def validate_llama_cpp(models: tuple[str, ...] = tuple(TOY_MODELS), presets: tup
                             measured, limits, pp, pm_pp, pm_tg, why, rates_label(machine.ram),
                             probe_reference_pp=probe_ref[1] if probe_ref else None,
                             probe_reference_tg=probe_ref[0] if probe_ref else None,
-                            cache_ramp_bytes=_ramp_of(machine),
+                            cache_ramp_bytes=_ramp_of(machine, spec),
                             decode_parts=decode_parts(path, machine, n_threads) if st else None,
                             state_probe_parts=st[1] if st else (), state_probe_reference_tg=st[2] if st else ())
         rows.append(row)

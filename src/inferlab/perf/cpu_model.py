@@ -191,7 +191,9 @@ def rate_provenance(device: Device, ggml_types: Iterable[str]) -> list[str]:
     out = [rates_label(device)]
     ramp, ladder = ref.get("dram_ramp_bytes"), (ref.get("cache_ladder") or {}).get("ladder_bytes") or []
     if ramp:
-        out.append(f"decode waits on DRAM for weights past {ramp[0] / 1e6:.0f}-{ramp[1] / 1e6:.0f} MB (calibrate's cache ladder)")
+        shift = ref.get("dram_ramp_shift_bytes_per_layer") or 0.0
+        out.append(f"decode waits on DRAM for weights past {ramp[0] / 1e6:.0f}-{ramp[1] / 1e6:.0f} MB (calibrate's cache ladder"
+                   + (f"; its start {shift / 1e6:.2f} MB lower for each layer a model has beyond the ladder's toy of its size)" if shift else ")"))
     elif len(ladder) >= 4:
         out.append(f"no cache step on calibrate's ladder up to {ladder[-1] / 1e6:.0f} MB: decode of larger models is not verified here")
     for ty in sorted({str(t).upper() for t in ggml_types}):
@@ -363,15 +365,49 @@ def dram_share(total_bytes: float, ramp_bytes: tuple[float, float] | list[float]
     return (total_bytes - lo) / (hi - lo)
 
 
-def dram_bytes(ref: dict, total_bytes: float, stalled_bytes: float | None = None) -> float:
-    """Bytes of a decode step of ``total_bytes`` of weights that the rates ``ref`` price as read from
-    DRAM: by its cache ramp (calibrate's ladder, dram_share) where it measured one, of the step's
-    ``stalled_bytes`` (default: all; F32 weights are left out by the caller: their rate is the
-    bandwidth itself, calibrate's F32 toys stream at it); else the bytes past the L3 the profile
-    was calibrated with (profiles before 2026-12-05); else none (a stored reference)."""
-    if ref.get("dram_ramp_bytes"):
+def ladder_layers_at(layers_by_bytes: list, total_bytes: float) -> float:
+    """The layers of calibrate's cache ladder toy (toy-wide's width, calibrate.fit_ramp_shift) at
+    ``total_bytes`` of weights: linear between its sizes ([bytes, n_layer] pairs), held at its
+    smallest and largest toy's layers beyond them."""
+    pts = sorted((float(b), float(n)) for b, n in layers_by_bytes)
+    if total_bytes <= pts[0][0]:
+        return pts[0][1]
+    for (b0, n0), (b1, n1) in zip(pts, pts[1:]):
+        if total_bytes <= b1:
+            return n0 + (n1 - n0) * (total_bytes - b0) / (b1 - b0) if b1 > b0 else n1
+    return pts[-1][1]
+
+
+def ramp_bytes_for(ref: dict, total_bytes: float, n_layer: int | None = None) -> tuple[float, float] | None:
+    """The cache ramp (dram_share's first and last size) that a decode step of ``total_bytes`` of
+    weights in ``n_layer`` layers meets by the rates ``ref``; None where they hold no ramp. The
+    ladder's ramp, its start lowered by dram_ramp_shift_bytes_per_layer for each layer the step has
+    beyond the ladder's toy of the same bytes (raised for each one fewer), its end kept: a deep,
+    narrow step leaves the cache sooner than the ladder's wide one (calibrate.fit_ramp_shift). No
+    n_layer, or a profile without the shift: the ladder's ramp as it is."""
+    ramp = ref.get("dram_ramp_bytes")
+    if not ramp:
+        return None
+    lo, hi = float(ramp[0]), float(ramp[1])
+    shift = ref.get("dram_ramp_shift_bytes_per_layer") or 0.0
+    ladder = (ref.get("cache_ladder") or {}).get("layers_by_bytes") or []
+    if shift and n_layer and len(ladder) >= 2:
+        extra = n_layer - ladder_layers_at(ladder, total_bytes)  # layers beyond the ladder's toy of these bytes
+        lo = min(0.999 * hi, max(0.0, lo - shift * extra))  # the start moves, the end (past the cache) stays
+    return lo, hi
+
+
+def dram_bytes(ref: dict, total_bytes: float, stalled_bytes: float | None = None, n_layer: int | None = None) -> float:
+    """Bytes of a decode step of ``total_bytes`` of weights (in ``n_layer`` layers) that the rates
+    ``ref`` price as read from DRAM: by its cache ramp (calibrate's ladder, ramp_bytes_for and
+    dram_share) where it measured one, of the step's ``stalled_bytes`` (default: all; F32 weights
+    are left out by the caller: their rate is the bandwidth itself, calibrate's F32 toys stream at
+    it); else the bytes past the L3 the profile was calibrated with (profiles before 2026-12-05);
+    else none (a stored reference)."""
+    ramp = ramp_bytes_for(ref, total_bytes, n_layer)
+    if ramp:
         stalled = total_bytes if stalled_bytes is None else stalled_bytes
-        return dram_share(total_bytes, ref["dram_ramp_bytes"]) * stalled  # all of them, once past the cache
+        return dram_share(total_bytes, ramp) * stalled  # all of them, once past the cache
     return max(0.0, total_bytes - (ref.get("l3_bytes") or 0))  # bytes past the L3
 
 
@@ -402,18 +438,19 @@ def dram_stall_s_per_byte(device: Device, n_threads: int | None = None, stalled_
 
 
 def dram_stall_s(device: Device, total_bytes: float, n_threads: int | None = None, stalled_bytes: float | None = None,
-                 stalled_by_type: Mapping[str, float] | None = None) -> float:
+                 stalled_by_type: Mapping[str, float] | None = None, n_layer: int | None = None) -> float:
     """Seconds a decode step waits on DRAM beyond its kernels' time, where the rates measured it
     (this machine's calibrated profile): the bytes the last-level cache does not hold between steps
     (dram_bytes) x a per-byte stall fitted with the rates (dram_stall_s_per_byte). 0 for a stored
     reference. ``stalled_by_type`` (the step's stalled bytes by ggml type) stands for
-    ``stalled_bytes`` and prices each type's DRAM bytes at its own stall."""
+    ``stalled_bytes`` and prices each type's DRAM bytes at its own stall; ``n_layer`` places a deep
+    step on the ramp (ramp_bytes_for)."""
     per_byte = dram_stall_s_per_byte(device, n_threads, stalled_by_type)
     if not per_byte:
         return 0.0
     if stalled_by_type is not None:  # {}: none of the step's bytes stall (an F32 file)
         stalled_bytes = sum(stalled_by_type.values())
-    return dram_bytes(reference_for(device), total_bytes, stalled_bytes) * per_byte  # DRAM bytes x stall per byte
+    return dram_bytes(reference_for(device), total_bytes, stalled_bytes, n_layer) * per_byte  # DRAM bytes x stall per byte
 
 
 def dram_chunk_s_per_byte(device: Device, matrices: list[tuple[str, int, int]], n_threads: int | None = None) -> float:
@@ -433,15 +470,16 @@ def dram_chunk_s_per_byte(device: Device, matrices: list[tuple[str, int, int]], 
     return per_chunk * decode_chunks(matrices, used, _simd_of(device)) / stalled if stalled else 0.0
 
 
-def dram_chunk_s(device: Device, matrices: list[tuple[str, int, int]], n_threads: int | None = None) -> float:
-    """Seconds a decode step loses to the chunks its threads start in DRAM: the step's bytes that
-    come from DRAM (dram_bytes) x dram_chunk_s_per_byte, so the chunks' share that the cache holds
-    costs nothing."""
+def dram_chunk_s(device: Device, matrices: list[tuple[str, int, int]], n_threads: int | None = None,
+                 n_layer: int | None = None) -> float:
+    """Seconds a decode step (of ``n_layer`` layers) loses to the chunks its threads start in DRAM:
+    the step's bytes that come from DRAM (dram_bytes) x dram_chunk_s_per_byte, so the chunks' share
+    that the cache holds costs nothing."""
     per_byte = dram_chunk_s_per_byte(device, matrices, n_threads)
     if not per_byte:
         return 0.0
     stalled = sum(stalled_bytes_by_type(matrices).values())
-    return per_byte * min(stalled, dram_bytes(reference_for(device), sum(b for _, b, _ in matrices), stalled))
+    return per_byte * min(stalled, dram_bytes(reference_for(device), sum(b for _, b, _ in matrices), stalled, n_layer))
 
 
 def decode_overhead_s_per_layer(device: Device) -> float:
@@ -541,15 +579,18 @@ def decode_matrices(tensors) -> list[tuple[str, int, int]]:
     return mats
 
 
-def cpu_decode_compute_s(device: Device, matrices: list[tuple[str, int, int]], n_threads: int | None = None) -> float:
+def cpu_decode_compute_s(device: Device, matrices: list[tuple[str, int, int]], n_threads: int | None = None,
+                         n_layer: int | None = None) -> float:
     """Seconds the CPU's dequantize+dot kernels take for one decode step over ``matrices`` (see
-    decode_matrices), the memory limit aside: each type's bytes, weighted by how unevenly their rows
-    split over the threads, at its kernel's rate; plus the DRAM stall of the bytes past the L3 and
-    of the chunks the threads start in DRAM (where the rates measured them)."""
+    decode_matrices) of a model of ``n_layer`` layers, the memory limit aside: each type's bytes,
+    weighted by how unevenly their rows split over the threads, at its kernel's rate; plus the DRAM
+    stall of the bytes past the cache and of the chunks the threads start in DRAM (where the rates
+    measured them; n_layer places the step on the cache ramp, ramp_bytes_for)."""
     split = split_bytes_by_type(device, matrices, n_threads)  # bytes x busiest-thread share
     kernels_s = sum(b / cpu_decode_rate_bytes_per_s(device, ty, n_threads) for ty, b in split.items() if b)
-    return (kernels_s + dram_stall_s(device, sum(b for _, b, _ in matrices), n_threads, stalled_by_type=stalled_bytes_by_type(matrices))
-            + dram_chunk_s(device, matrices, n_threads))
+    return (kernels_s + dram_stall_s(device, sum(b for _, b, _ in matrices), n_threads, stalled_by_type=stalled_bytes_by_type(matrices),
+                                     n_layer=n_layer)
+            + dram_chunk_s(device, matrices, n_threads, n_layer))
 
 
 @lru_cache(maxsize=4096)
@@ -560,7 +601,7 @@ def _rate_for_plan(device: Device, model, scheme, n_threads: int | None) -> floa
     total = sum(b for _, b, _ in mats)
     if total <= 0:
         raise InvalidValueError(f"{model.name!r} has no weight matrices to time")
-    return total / cpu_decode_compute_s(device, mats, n_threads)  # bytes over the kernels' seconds
+    return total / cpu_decode_compute_s(device, mats, n_threads, model.n_layers)  # bytes over the kernels' seconds
 
 
 def cpu_prefill_flops_per_s_for_placement(device: Device, placement, n_threads: int | None = None) -> float:
