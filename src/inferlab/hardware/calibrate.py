@@ -443,8 +443,12 @@ def fit_cache_ramp(ladder: list[dict], overhead_s_per_layer: float | None = None
 # of their predicted seconds with 3-4 layers and 1.05-1.13 with 12-24 (toy-thin, 24 layers, fitted
 # +12 ... +21 % fast on the ramp; held-out toy-125m rows +8 ... +16 % fast over 18 validate runs). The
 # shift fitted on each calibration's own toy-thin and toy-wide runs came out 0.25-0.5 MB (0 in one of
-# 8), and held out (8 calibrations x 18 validate runs, decode at state) 2136 -> 2161 of 2376 rows
-# within 15 % (benchmarks/results/xeon_lower_ramp_2026-12-07.json)
+# 8), and held out (each calibration refit and scored on every validate run of the day, decode at
+# state: benchmarks/cross_scores.py) 2136 -> 2160 of 2376 rows within 15 %; with a ninth calibration
+# made with it (0.125 MB) and its two runs, 2685 -> 2714 of 2970, better on 6 calibrations, worse on
+# 1 (-2 rows); the Zen 4 and Zen 5 files, with no ramp, unchanged (benchmarks/results/
+# xeon_ramp_shift_2026-12-08.json). Part of a deep step's stall the decode fit already gives the cost
+# of a chunk started in DRAM (toy-thin starts more chunks a byte than the ladder)
 RAMP_SHIFT_GRID_BYTES = tuple(i * 0.125e6 for i in range(25))  # 0 ... 3 MB a layer
 
 
