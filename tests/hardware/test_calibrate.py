@@ -708,6 +708,18 @@ def test_the_ladders_type_stalls_on_its_own_and_the_types_without_one_take_it(mo
     assert max(abs(e["fit_residual"]) for e in ladder) < 0.05
 
 
+def _tg_figure(s: float, nl: int, ty: str, b: float) -> dict:
+    """A profile's 2-thread decode figure of ``s`` seconds a token (two equal repetitions)."""
+    return {"tg": cal.Measurement("x", "tok/s", (1 / s, 1 / s), extra={"n_layer": nl, "bytes_by_type": {ty: b}}).to_json()}
+
+
+def _ladder_runs(ladder: list[dict]) -> dict:
+    """profile["llama_cpp"]["runs"] holding _ladder's runs as calibrate names them (toy-wide-N, toy-wide, toy-stream), Q4_K at 2 threads."""
+    names = dict(zip((2, 4, 6, 8, 10, 12, 15, 18, 24), ("toy-wide-2", "toy-wide-4", "toy-wide", "toy-wide-8", "toy-wide-10",
+                                                        "toy-wide-12", "toy-stream", "toy-wide-18", "toy-wide-24")))
+    return {names[r["n_layer"]]: {"Q4_K": {"2": _tg_figure(r["s_per_token"], r["n_layer"], "Q4_K", r["bytes"])}} for r in ladder}
+
+
 def test_calibrate_prices_every_decode_run_by_the_ladders_ramp(monkeypatch):
     """A profile of runs made by hand on the known machine of _ladder (2 threads): the ladder, and
     Q8_0 on toy-thin (24 layers, 97.6 MB), toy-wide (6, 131.7 MB) and toy-stream (15, 277.1 MB) at
@@ -722,17 +734,10 @@ def test_calibrate_prices_every_decode_run_by_the_ladders_ramp(monkeypatch):
     monkeypatch.setattr(v, "physical_cores", lambda: 2)
     monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
 
-    def m(s, nl, ty, b):
-        return {"tg": cal.Measurement("x", "tok/s", (1 / s, 1 / s), extra={"n_layer": nl, "bytes_by_type": {ty: b}}).to_json()}
-
-    names = dict(zip((2, 4, 6, 8, 10, 12, 15, 18, 24), ("toy-wide-2", "toy-wide-4", "toy-wide", "toy-wide-8", "toy-wide-10",
-                                                        "toy-wide-12", "toy-stream", "toy-wide-18", "toy-wide-24")))
-    runs: dict = {}
-    for r in _ladder():
-        runs.setdefault(names[r["n_layer"]], {})["Q4_K"] = {"2": m(r["s_per_token"], r["n_layer"], "Q4_K", r["bytes"])}
+    runs = _ladder_runs(_ladder())
     for model, nl, b in (("toy-thin", 24, 97.6e6), ("toy-wide", 6, 131.7e6), ("toy-stream", 15, 277.1e6)):
         s = nl * 80e-6 + b / 25e9 + dram_share(b, (85e6, 120e6)) * b * 3e-11
-        runs.setdefault(model, {})["Q8_0"] = {"2": m(s, nl, "Q8_0", b)}
+        runs.setdefault(model, {})["Q8_0"] = {"2": _tg_figure(s, nl, "Q8_0", b)}
     assert runs["toy-thin"]["Q8_0"]["2"]["tg"]["best"] == pytest.approx(1 / 6.9e-3, rel=0.01)
     profile = {"date": "2026-12-05T14:00:00+00:00", "host": {"cpu": "test CPU", "features": ["avx2"], "name": "box", "l3_bytes": 480 * 2**20},
                "cpu": {}, "llama_cpp": {"runs": runs}}
@@ -809,14 +814,7 @@ def test_calibrate_fits_the_ramp_shift_and_prices_a_deep_step_by_it(monkeypatch)
     monkeypatch.setattr(v, "physical_cores", lambda: 2)
     monkeypatch.setattr(cal, "nominal_fp32_peak_tflops", lambda: 0.4)
 
-    def m(s, nl, ty, b):
-        return {"tg": cal.Measurement("x", "tok/s", (1 / s, 1 / s), extra={"n_layer": nl, "bytes_by_type": {ty: b}}).to_json()}
-
-    names = dict(zip((2, 4, 6, 8, 10, 12, 15, 18, 24), ("toy-wide-2", "toy-wide-4", "toy-wide", "toy-wide-8", "toy-wide-10",
-                                                        "toy-wide-12", "toy-stream", "toy-wide-18", "toy-wide-24")))
-    runs: dict = {}
-    for r in _ladder(ramp=(60e6, 120e6)):
-        runs.setdefault(names[r["n_layer"]], {})["Q4_K"] = {"2": m(r["s_per_token"], r["n_layer"], "Q4_K", r["bytes"])}
+    runs = _ladder_runs(_ladder(ramp=(60e6, 120e6)))
     weights = {"toy-mini": (4, 16.777216e6), "toy-thin": (24, 91.881472e6), "toy-wide": (6, 123.99744e6), "toy-stream": (15, 260.87424e6)}
     thin = []
     for ty, per_weight, rate in (("Q8_0", 34 / 32, 25e9), ("Q6_K", 210 / 256, 30e9), ("Q5_K", 176 / 256, 32e9)):
@@ -824,7 +822,7 @@ def test_calibrate_fits_the_ramp_shift_and_prices_a_deep_step_by_it(monkeypatch)
             b = n * per_weight
             lo = max(0.0, 60e6 - 1e6 * (nl - min(24, max(2, (b - 18_432_000) / 8_552_448))))  # 1 MB a layer beyond the ladder's toy
             s = nl * 80e-6 + b / rate + dram_share(b, (lo, 120e6)) * b * 3e-11
-            runs.setdefault(model, {})[ty] = {"2": m(s, nl, ty, b)}
+            runs.setdefault(model, {})[ty] = {"2": _tg_figure(s, nl, ty, b)}
             if model == "toy-thin":
                 thin.append((ty, b, s))
     assert thin[2][1] == pytest.approx(63.17e6, rel=1e-3) and dram_share(thin[2][1], (41.24e6, 120e6)) == pytest.approx(0.279, abs=1e-3)

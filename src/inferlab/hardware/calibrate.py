@@ -467,7 +467,7 @@ def fit_ramp_shift(runs: list[dict], ladder: list[dict], ramp_bytes: list[float]
     shift, "fitted": at the shift}}."""
     import math
 
-    from ..perf.cpu_model import dram_share, ladder_layers_at
+    from ..perf.cpu_model import dram_share, ladder_layers_at, shifted_ramp_start
 
     lo, hi = ramp_bytes
     points = [[r["bytes"], r["n_layer"]] for r in ladder]
@@ -486,7 +486,7 @@ def fit_ramp_shift(runs: list[dict], ladder: list[dict], ramp_bytes: list[float]
         on_ramp.append((f"{r['model']} {r['type']}", total, extra, base, per_share, r["s_per_token"]))
 
     def rms(shift: float) -> float:
-        sq = [math.log((base + dram_share(total, (min(0.999 * hi, max(0.0, lo - shift * extra)), hi)) * per_share) / s) ** 2
+        sq = [math.log((base + dram_share(total, (shifted_ramp_start(lo, hi, shift, extra), hi)) * per_share) / s) ** 2
               for _, total, extra, base, per_share, s in on_ramp]
         return math.sqrt(sum(sq) / len(sq)) if sq else 0.0
 

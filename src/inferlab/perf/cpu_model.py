@@ -392,9 +392,15 @@ def ramp_bytes_for(ref: dict, total_bytes: float, n_layer: int | None = None) ->
     shift = ref.get("dram_ramp_shift_bytes_per_layer") or 0.0
     ladder = (ref.get("cache_ladder") or {}).get("layers_by_bytes") or []
     if shift and n_layer and len(ladder) >= 2:
-        extra = n_layer - ladder_layers_at(ladder, total_bytes)  # layers beyond the ladder's toy of these bytes
-        lo = min(0.999 * hi, max(0.0, lo - shift * extra))  # the start moves, the end (past the cache) stays
+        lo = shifted_ramp_start(lo, hi, shift, n_layer - ladder_layers_at(ladder, total_bytes))
     return lo, hi
+
+
+def shifted_ramp_start(lo: float, hi: float, shift_bytes_per_layer: float, extra_layers: float) -> float:
+    """The cache ramp's start for a step of ``extra_layers`` more layers than the ladder's toy of
+    its bytes (fewer: negative): ``shift_bytes_per_layer`` lower for each, never below 0 nor at
+    the ramp's end (which stays: past it every byte is DRAM's)."""
+    return min(0.999 * hi, max(0.0, lo - shift_bytes_per_layer * extra_layers))
 
 
 def dram_bytes(ref: dict, total_bytes: float, stalled_bytes: float | None = None, n_layer: int | None = None) -> float:
